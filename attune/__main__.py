@@ -1,0 +1,5 @@
+import sys
+
+from attune.cli import main
+
+sys.exit(main())
