@@ -12,8 +12,8 @@ the band drawn as a dashed line), drawn as inline SVG so the page needs nothing 
 from __future__ import annotations
 
 import html
-import math
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
