@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from attune import __version__, commands
-from attune.errors import EXIT_USAGE, UsageError
+from attune.errors import EXIT_OK, EXIT_USAGE, UsageError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,6 +46,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (`| head`): not an error of ours
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -95,7 +95,9 @@ def gain(candidate: float, reference: float) -> float:
 
 def beats(candidate: float, leader: float, band_fraction: float) -> bool:
     """Promotion rule: a candidate leads only if it beats the leader by more than the band."""
-    return gain(candidate, leader) > band_fraction
+    if leader <= 0:
+        raise ValueError("leader throughput must be positive")
+    return candidate > leader * (1.0 + band_fraction)
 
 
 def cost_per_million_tokens(tokens_per_s_per_gpu: float, price_per_gpu_hour: float) -> float:

@@ -1,0 +1,292 @@
+"""The campaign spec (`campaign.yaml`): a pydantic model, its JSON Schema, and its loader.
+
+A campaign tunes one model on one cluster at a fixed GPU count, from a working baseline
+recipe, under a GPU-hour budget. Everything the search may not change (the workload's
+shape, the measurement window, the band, the gate's list) is pinned here; the spec is
+frozen and hashed when the campaign starts.
+
+`load_spec(path)` returns a validated `CampaignSpec` or raises `SpecError`, whose
+`problems` list names every problem with its field path and what was expected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+SCHEMA_PATH = Path(__file__).parent / "schemas" / "campaign.schema.json"
+
+Backend = Literal["local", "slurm", "sim"]
+Framework = Literal["megatron-lm", "megatron-bridge", "torchtitan"]
+Precision = Literal["fp32", "bf16", "fp16", "fp8"]
+ArgValue = str | int | float | bool | None
+
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Cluster(_Strict):
+    """Where the jobs run. `settings` holds the backend's own options (slots, partition, ...)."""
+
+    backend: Backend = Field(description="which broker backend runs the jobs")
+    gpus: PositiveInt = Field(description="GPUs (on the local CPU backend: ranks) every job uses; pinned")
+    gpus_per_node: PositiveInt = Field(description="GPUs per node")
+    accelerator: str = Field(min_length=1, description="accelerator kind, e.g. cpu, H100, H200, B200")
+    price_per_gpu_hour: NonNegFloat = Field(0.0, description="price of one GPU-hour, for cost per million tokens")
+    settings: dict[str, Any] = Field(default_factory=dict, description="backend-specific settings")
+
+    @model_validator(mode="after")
+    def _gpus_fill_nodes(self) -> Cluster:
+        if self.gpus > self.gpus_per_node and self.gpus % self.gpus_per_node:
+            raise ValueError(
+                f"gpus ({self.gpus}) must be a multiple of gpus_per_node ({self.gpus_per_node}) across nodes"
+            )
+        return self
+
+    @property
+    def nodes(self) -> int:
+        return max(1, -(-self.gpus // self.gpus_per_node))
+
+
+class Recipe(_Strict):
+    """A runnable training job: command, Megatron-style arguments, environment, image."""
+
+    command: list[str] = Field(
+        min_length=1,
+        description="argv prefix; may use {gpus}, {gpus_per_node}, {nodes}, {run_dir} placeholders",
+    )
+    args: dict[str, ArgValue] = Field(
+        default_factory=dict,
+        description="flag -> value; a bare flag is true, false or null means not given",
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="environment variables of the job")
+    image: str | None = Field(None, description="container image, where the backend has one")
+
+    @field_validator("args")
+    @classmethod
+    def _flags_are_flags(cls, v: dict[str, ArgValue]) -> dict[str, ArgValue]:
+        bad = [k for k in v if not k.startswith("--") or len(k) < 3 or " " in k]
+        if bad:
+            raise ValueError(f"argument names must look like --flag-name, got {bad}")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in v if not k or not (k[0].isalpha() or k[0] == "_") or not k.replace("_", "a").isalnum()]
+        if bad:
+            raise ValueError(f"environment variable names must be identifiers, got {bad}")
+        return v
+
+
+class Workload(_Strict):
+    """The fixed-shape workload, identical across candidates."""
+
+    seq_length: PositiveInt = Field(description="tokens per row (every row is packed to exactly this)")
+    global_batch: PositiveInt = Field(description="rows per optimizer step")
+    precision: Precision = Field(description="training precision")
+    steps_per_run: PositiveInt = Field(14, description="optimizer steps per measured run")
+    window: tuple[int, int] = Field(
+        (4, 13), description="measured window [first, last] in steps counted from 0, inclusive"
+    )
+    tokens_per_step: PositiveInt | None = Field(
+        None, description="global_batch x seq_length; computed when omitted, checked when given"
+    )
+    flops_per_token: float | None = Field(None, gt=0, description="model FLOPs per token, for MFU")
+
+    @model_validator(mode="after")
+    def _check(self) -> Workload:
+        first, last = self.window
+        if first < 0 or last < first:
+            raise ValueError(f"window must be [first, last] with 0 <= first <= last, got [{first}, {last}]")
+        if last >= self.steps_per_run:
+            raise ValueError(
+                f"window [{first}, {last}] lies outside the run's steps 0..{self.steps_per_run - 1}"
+            )
+        expected = self.global_batch * self.seq_length
+        if self.tokens_per_step is not None and self.tokens_per_step != expected:
+            raise ValueError(
+                f"tokens_per_step {self.tokens_per_step} != global_batch x seq_length = {expected}"
+            )
+        return self
+
+    @property
+    def tokens(self) -> int:
+        return self.tokens_per_step or self.global_batch * self.seq_length
+
+
+class Budget(_Strict):
+    """GPU-hours. Without `gpu_hours`, calibration sets it to `default_multiple` x one baseline run."""
+
+    gpu_hours: float | None = Field(None, gt=0, description="total GPU-hours; default: 30 x one baseline run")
+    default_multiple: float = Field(30.0, gt=0, description="budget = this x the calibration run cost")
+    check_reserve_runs: int = Field(3, ge=0, description="correctness checks the reserve must pay for")
+    reserve_gpu_hours: float | None = Field(
+        None, ge=0, description="explicit reserve; default: check_reserve_runs x one 20-step check run"
+    )
+    concurrency: PositiveInt = Field(3, description="jobs in flight at once")
+    infra_reserve_gpu_hours: NonNegFloat = Field(0.0, description="pays for infrastructure failures")
+
+    @model_validator(mode="after")
+    def _reserve_fits(self) -> Budget:
+        if self.gpu_hours is not None and self.reserve_gpu_hours is not None and self.reserve_gpu_hours >= self.gpu_hours:
+            raise ValueError(
+                f"reserve_gpu_hours ({self.reserve_gpu_hours}) must be below gpu_hours ({self.gpu_hours})"
+            )
+        return self
+
+
+class Calibration(_Strict):
+    runs: int = Field(5, ge=5, description="baseline runs that set the mean and the band (at least 5)")
+
+
+class Band(_Strict):
+    floor: float = Field(0.03, ge=0, lt=1, description="lowest band, as a fraction")
+    k_sigma: float = Field(3.0, gt=0, description="band = max(floor, k_sigma x relative sigma)")
+
+
+class Gate(_Strict):
+    lists: str | None = Field(None, description="correctness list file; default gate/lists/<model>.yaml")
+    list_sha256: str | None = Field(
+        None, pattern=r"^[0-9a-f]{64}$", description="pinned SHA-256 of the list; a changed list is refused"
+    )
+    convergence_steps: int = Field(20, ge=5, description="steps of each correctness check run")
+
+
+class CampaignSpec(_Strict):
+    """A tuning campaign: one model, one cluster, a fixed GPU count, a budget."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="campaign name")
+    model: str = Field(min_length=1, description="model name; selects the correctness lists")
+    framework: Framework = Field(description="training framework; selects the log format")
+    cluster: Cluster
+    baseline: Recipe
+    workload: Workload
+    budget: Budget = Field(default_factory=Budget)
+    calibration: Calibration = Field(default_factory=Calibration)
+    band: Band = Field(default_factory=Band)
+    gate: Gate = Field(default_factory=Gate)
+    search_space: dict[str, list[ArgValue]] = Field(
+        default_factory=dict, description="flag -> candidate values, for the built-in tuners"
+    )
+    notes: str | None = Field(None, description="free text for people")
+
+
+class SpecError(Exception):
+    """A campaign file that cannot be used. `problems` lists (field path, message)."""
+
+    def __init__(self, path: Path | str, problems: list[tuple[str, str]]) -> None:
+        self.path = str(path)
+        self.problems = problems
+        lines = [f"{path}: {len(problems)} problem(s)"] + [f"  {loc}: {msg}" for loc, msg in problems]
+        super().__init__("\n".join(lines))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"file": self.path, "problems": [{"field": f, "message": m} for f, m in self.problems]}
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A safe loader that refuses duplicate keys instead of keeping the last one silently."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def _describe(err: dict[str, Any]) -> str:
+    msg = str(err["msg"])
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    if err["type"] == "missing":
+        return "required field is missing"
+    if err["type"] == "extra_forbidden":
+        return "unknown field (not part of the campaign spec)"
+    if "input" in err and err["type"] not in ("model_type", "dict_type"):
+        shown = repr(err["input"])
+        if len(shown) > 60:
+            shown = shown[:57] + "..."
+        msg += f" (got {shown})"
+    return msg
+
+
+def problems_from_validation(exc: ValidationError) -> list[tuple[str, str]]:
+    return [(_loc(tuple(e["loc"])), _describe(dict(e))) for e in exc.errors()]
+
+
+def parse_spec(data: Any, source: str = "<campaign>") -> CampaignSpec:
+    if not isinstance(data, dict):
+        raise SpecError(source, [("(top level)", f"expected a mapping of fields, got {type(data).__name__}")])
+    try:
+        return CampaignSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(source, problems_from_validation(exc)) from None
+
+
+def load_spec(path: Path | str) -> CampaignSpec:
+    """Read and validate a campaign.yaml (or a campaign directory holding one)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "campaign.yaml"
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(p, [("(file)", "no such file")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(p, [("(file)", f"cannot read: {exc}")]) from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(yaml)"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise SpecError(p, [(where, f"invalid YAML: {problem}")]) from None
+    return parse_spec(data, str(p))
+
+
+def spec_sha256(path: Path | str) -> str:
+    """SHA-256 of the spec file's bytes, pinned in the ledger when the campaign starts."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "campaign.yaml"
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def json_schema() -> dict[str, Any]:
+    schema = CampaignSpec.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = "urn:attune:schema:campaign"
+    return schema
+
+
+def schema_text() -> str:
+    return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,368 @@
+"""Campaign state, rebuilt by folding the ledger.
+
+The ledger is the source of truth; this module turns its rows into the campaign's
+current state: the budget (total, charged, in flight, reserve, remaining), the baseline
+calibration (mean, relative sigma, band), the leader, every run (recipe diff, outcome,
+charge, throughput, verdict), the assumptions, the stop record and the shipped result.
+
+`fold(rows)` rebuilds from scratch; `CampaignState.apply(row)` updates incrementally,
+and `Follower` keeps a state current by reading only the rows appended since its last
+refresh. The two give the same state (tests/test_state.py checks it as a property).
+
+Standard library only: the Stop and SessionStart hooks fold the ledger.
+
+Budget arithmetic (GPU-hours):
+    charged          all charges to the campaign budget (search runs, calibration, checks)
+    infra_charged    infrastructure failures, paid by the infrastructure reserve
+    in_flight        expected cost of admitted runs that have not finished
+    reserve          held back for correctness checks; reserve_left = reserve - check charges
+    remaining        total - charged - in_flight
+    search_remaining remaining - reserve_left: what a new search launch may use
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attune import ledger as ledger_mod
+from attune.measure import Calibration, beats, calibrate, gain
+
+CHECK_KINDS = frozenset({"check"})
+
+
+@dataclass
+class RunState:
+    run_id: str
+    kind: str  # search | calibration | check | remeasure
+    status: str = "admitted"  # admitted | running | finished
+    changes: dict[str, Any] = field(default_factory=dict)
+    hypothesis: str | None = None
+    lever: str | None = None
+    expected_gain: float | None = None
+    expected_gpu_hours: float = 0.0
+    profile: bool = False
+    outcome: str | None = None  # ok | oom | hang | crash | infrastructure | cancelled | pruned
+    charge_gpu_hours: float = 0.0
+    charged_to: str | None = None  # budget | infra
+    tokens_per_s_per_gpu: float | None = None
+    valid: bool | None = None
+    invalid_reasons: list[str] = field(default_factory=list)
+    verdict: str | None = None
+    admitted_seq: int | None = None
+    finished_seq: int | None = None
+
+
+@dataclass
+class BudgetState:
+    total: float | None = None
+    charged: float = 0.0
+    infra_charged: float = 0.0
+    in_flight: float = 0.0
+    reserve: float = 0.0
+    reserve_used: float = 0.0
+    infra_reserve: float = 0.0
+
+    @property
+    def reserve_left(self) -> float:
+        return max(0.0, self.reserve - self.reserve_used)
+
+    @property
+    def remaining(self) -> float | None:
+        if self.total is None:
+            return None
+        return self.total - self.charged - self.in_flight
+
+    @property
+    def search_remaining(self) -> float | None:
+        rem = self.remaining
+        return None if rem is None else rem - self.reserve_left
+
+    @property
+    def spent(self) -> bool:
+        rem = self.search_remaining
+        return rem is not None and rem <= 0
+
+    def as_dict(self) -> dict[str, Any]:
+        def r(x: float | None) -> float | None:
+            return None if x is None else round(x, 9)
+
+        return {
+            "total_gpu_hours": r(self.total),
+            "charged_gpu_hours": r(self.charged),
+            "infra_charged_gpu_hours": r(self.infra_charged),
+            "in_flight_gpu_hours": r(self.in_flight),
+            "reserve_gpu_hours": r(self.reserve),
+            "reserve_left_gpu_hours": r(self.reserve_left),
+            "infra_reserve_gpu_hours": r(self.infra_reserve),
+            "remaining_gpu_hours": r(self.remaining),
+            "search_remaining_gpu_hours": r(self.search_remaining),
+            "spent": self.spent,
+        }
+
+
+@dataclass
+class CampaignState:
+    name: str | None = None
+    spec_sha256: str | None = None
+    list_sha256: str | None = None
+    gpus: int | None = None
+    calibration_runs_required: int = 5
+    band_floor: float = 0.03
+    band_k_sigma: float = 3.0
+    started_at: str | None = None
+    budget: BudgetState = field(default_factory=BudgetState)
+    calibration_values: list[float] = field(default_factory=list)
+    calibration_run_ids: list[str] = field(default_factory=list)
+    leader_run_id: str | None = None
+    leader_tokens_per_s_per_gpu: float | None = None
+    runs: dict[str, RunState] = field(default_factory=dict)
+    launches_refused: int = 0
+    refusals: list[dict[str, Any]] = field(default_factory=list)
+    assumptions: list[dict[str, Any]] = field(default_factory=list)
+    last_diagnosis: str | None = None
+    stop: dict[str, Any] | None = None
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    shipped: dict[str, Any] | None = None
+    remeasurements: list[dict[str, Any]] = field(default_factory=list)
+    last_seq: int = -1
+    last_hash: str = ledger_mod.GENESIS
+
+    # ---- derived -------------------------------------------------------------------
+    @property
+    def calibration(self) -> Calibration | None:
+        if len(self.calibration_values) < max(1, self.calibration_runs_required):
+            return None
+        return calibrate(self.calibration_values, self.band_floor, self.band_k_sigma)
+
+    @property
+    def baseline_mean(self) -> float | None:
+        cal = self.calibration
+        return cal.mean if cal else None
+
+    @property
+    def in_flight(self) -> list[RunState]:
+        return [r for r in self.runs.values() if r.status != "finished"]
+
+    def leader_gain(self) -> float | None:
+        if self.leader_tokens_per_s_per_gpu is None or self.baseline_mean is None:
+            return None
+        return gain(self.leader_tokens_per_s_per_gpu, self.baseline_mean)
+
+    def would_promote(self, tokens_per_s_per_gpu: float) -> bool:
+        """The promotion rule against the current leader (False before calibration)."""
+        cal = self.calibration
+        if cal is None or self.leader_tokens_per_s_per_gpu is None:
+            return False
+        return beats(tokens_per_s_per_gpu, self.leader_tokens_per_s_per_gpu, cal.band)
+
+    def missing_for_stop(self) -> list[str]:
+        """What the campaign still lacks before its session may end (the Stop hook's reasons)."""
+        missing: list[str] = []
+        if self.name is None:
+            return ["the campaign has not started (no campaign_started row in the ledger)"]
+        if not self.budget.spent and self.stop is None:
+            rem = self.budget.search_remaining
+            left = "unknown (not calibrated yet)" if rem is None else f"{rem:.4g} GPU-hours"
+            missing.append(
+                f"the budget is not spent ({left} left for search) and no stop with evidence is recorded"
+            )
+        if self.in_flight:
+            missing.append(f"{len(self.in_flight)} run(s) still in flight: " + ", ".join(r.run_id for r in self.in_flight))
+        if self.shipped is None:
+            missing.append("the shipping step has not run (no shipped row)")
+        return missing
+
+    # ---- folding -------------------------------------------------------------------
+    def apply(self, row: ledger_mod.Row) -> None:
+        if row.seq != self.last_seq + 1:
+            raise ledger_mod.LedgerError(f"row seq {row.seq} applied out of order after {self.last_seq}")
+        handler = getattr(self, f"_on_{row.type}", None)
+        if handler is None:
+            raise ledger_mod.LedgerError(f"row {row.seq}: unknown type {row.type!r}")
+        handler(row.data, row)
+        self.last_seq = row.seq
+        self.last_hash = row.hash
+
+    def _on_campaign_started(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
+        self.name = d["name"]
+        self.spec_sha256 = d["spec_sha256"]
+        self.list_sha256 = d.get("list_sha256")
+        self.gpus = int(d["gpus"])
+        self.calibration_runs_required = int(d.get("calibration_runs", 5))
+        self.band_floor = float(d.get("band_floor", 0.03))
+        self.band_k_sigma = float(d.get("band_k_sigma", 3.0))
+        self.started_at = row.ts
+        if d.get("budget_gpu_hours") is not None:
+            self.budget.total = float(d["budget_gpu_hours"])
+        if d.get("reserve_gpu_hours") is not None:
+            self.budget.reserve = float(d["reserve_gpu_hours"])
+        self.budget.infra_reserve = float(d.get("infra_reserve_gpu_hours", 0.0))
+
+    def _on_budget_set(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
+        self.budget.total = float(d["gpu_hours"])
+        if d.get("reserve_gpu_hours") is not None:
+            self.budget.reserve = float(d["reserve_gpu_hours"])
+
+    def _on_launch_admitted(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
+        run = RunState(
+            run_id=d["run_id"],
+            kind=d["kind"],
+            changes=dict(d.get("changes") or {}),
+            hypothesis=d.get("hypothesis"),
+            lever=d.get("lever"),
+            expected_gain=d.get("expected_gain"),
+            expected_gpu_hours=float(d["expected_gpu_hours"]),
+            profile=bool(d.get("profile", False)),
+            admitted_seq=row.seq,
+        )
+        if run.run_id in self.runs:
+            raise ledger_mod.LedgerError(f"row {row.seq}: run {run.run_id!r} admitted twice")
+        self.runs[run.run_id] = run
+        self.budget.in_flight += run.expected_gpu_hours
+
+    def _on_launch_refused(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
+        self.launches_refused += 1
+        self.refusals.append({"seq": row.seq, "reason": d["reason"], "changes": d.get("changes")})
+
+    def _on_run_started(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
+        run = self._run(d["run_id"], row)
+        if run.status == "admitted":
+            run.status = "running"
+
+    def _on_run_finished(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
+        run = self._run(d["run_id"], row)
+        if run.status == "finished":
+            raise ledger_mod.LedgerError(f"row {row.seq}: run {run.run_id!r} finished twice")
+        run.status = "finished"
+        run.outcome = d["outcome"]
+        run.finished_seq = row.seq
+        charge = float(d["charge_gpu_hours"])
+        run.charge_gpu_hours = charge
+        run.charged_to = d.get("charged_to", "budget")
+        self.budget.in_flight = max(0.0, self.budget.in_flight - run.expected_gpu_hours)
+        if run.charged_to == "infra":
+            self.budget.infra_charged += charge
+        else:
+            self.budget.charged += charge
+            if run.kind in CHECK_KINDS:
+                self.budget.reserve_used += charge
+
+    def _on_measurement(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
+        run = self._run(d["run_id"], row)
+        run.tokens_per_s_per_gpu = d["tokens_per_s_per_gpu"]
+        run.valid = bool(d["valid"])
+        run.invalid_reasons = list(d.get("invalid_reasons") or [])
+        run.verdict = d.get("verdict", run.verdict)
+
+    def _on_calibration_run(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
+        self.calibration_values.append(float(d["tokens_per_s_per_gpu"]))
+        self.calibration_run_ids.append(d["run_id"])
+        if self.leader_run_id in (None, "baseline") and self.calibration is not None:
+            self.leader_run_id = "baseline"
+            self.leader_tokens_per_s_per_gpu = self.calibration.mean
+
+    def _on_leader_changed(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
+        self.leader_run_id = d["run_id"]
+        self.leader_tokens_per_s_per_gpu = float(d["tokens_per_s_per_gpu"])
+        if d["run_id"] in self.runs:
+            self.runs[d["run_id"]].verdict = "leader"
+
+    def _on_assumption_recorded(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
+        self.assumptions.append({"seq": row.seq, "ts": row.ts, **d})
+
+    def _on_diagnosis_recorded(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
+        self.last_diagnosis = d["text"]
+
+    def _on_stop_recorded(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
+        self.stop = {"seq": row.seq, "ts": row.ts, **d}
+        self.last_diagnosis = d["diagnosis"]
+
+    def _on_check_run(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
+        self.checks.append({"seq": row.seq, **d})
+
+    def _on_shipped(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
+        self.shipped = {"seq": row.seq, "ts": row.ts, **d}
+
+    def _on_remeasurement(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
+        self.remeasurements.append({"seq": row.seq, **d})
+
+    def _run(self, run_id: str, row: ledger_mod.Row) -> RunState:
+        try:
+            return self.runs[run_id]
+        except KeyError:
+            raise ledger_mod.LedgerError(f"row {row.seq}: run {run_id!r} was never admitted") from None
+
+    # ---- output --------------------------------------------------------------------
+    def as_dict(self) -> dict[str, Any]:
+        cal = self.calibration
+        return {
+            "name": self.name,
+            "spec_sha256": self.spec_sha256,
+            "list_sha256": self.list_sha256,
+            "gpus": self.gpus,
+            "started_at": self.started_at,
+            "rows": self.last_seq + 1,
+            "last_hash": self.last_hash,
+            "budget": self.budget.as_dict(),
+            "calibration": {
+                "required_runs": self.calibration_runs_required,
+                "runs": len(self.calibration_values),
+                "values": list(self.calibration_values),
+                "mean": cal.mean if cal else None,
+                "rel_sigma": cal.rel_sigma if cal else None,
+                "band": cal.band if cal else None,
+            },
+            "leader": {
+                "run_id": self.leader_run_id,
+                "tokens_per_s_per_gpu": self.leader_tokens_per_s_per_gpu,
+                "gain": self.leader_gain(),
+            },
+            "runs": [asdict(r) for r in self.runs.values()],
+            "in_flight": [r.run_id for r in self.in_flight],
+            "launches": sum(1 for r in self.runs.values() if r.kind == "search"),
+            "failed_launches": sum(
+                1 for r in self.runs.values() if r.kind == "search" and r.outcome in ("oom", "hang", "crash")
+            ),
+            "launches_refused": self.launches_refused,
+            "assumptions": list(self.assumptions),
+            "last_diagnosis": self.last_diagnosis,
+            "stop": self.stop,
+            "checks": list(self.checks),
+            "shipped": self.shipped,
+            "remeasurements": list(self.remeasurements),
+            "missing_for_stop": self.missing_for_stop(),
+        }
+
+
+def fold(rows: Iterable[ledger_mod.Row]) -> CampaignState:
+    state = CampaignState()
+    for row in rows:
+        state.apply(row)
+    return state
+
+
+def load(campaign_dir: Path | str) -> tuple[CampaignState, ledger_mod.ReadResult]:
+    """Rebuild a campaign's state from its ledger (raises LedgerError on a broken chain)."""
+    result = ledger_mod.read(campaign_dir)
+    return fold(result.rows), result
+
+
+class Follower:
+    """Keeps a CampaignState current by reading only rows appended since the last refresh."""
+
+    def __init__(self, campaign_dir: Path | str) -> None:
+        self.dir = Path(campaign_dir)
+        self.state = CampaignState()
+        self.offset = 0
+        self.torn_tail: str | None = None
+
+    def refresh(self) -> CampaignState:
+        result = ledger_mod.read(self.dir, self.offset, self.state.last_seq + 1, self.state.last_hash)
+        for row in result.rows:
+            self.state.apply(row)
+        self.offset = result.end_offset
+        self.torn_tail = result.torn_tail
+        return self.state

@@ -1,0 +1,1 @@
+"""The cluster broker: the agent's only path to the cluster (see DESIGN.md, trust boundaries)."""

@@ -1,0 +1,85 @@
+"""The backend interface: submit a job, read its state, cancel it.
+
+A backend knows nothing of campaigns, budgets or the gate: the broker service checks and charges;
+the backend only runs processes somewhere and reports what happened to them. Modelled on Slurm's
+own CLIs (sbatch, squeue/scontrol, scancel): every backend can say what it would run, in a form a
+person could read and run by hand (`render`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+
+class BackendError(Exception):
+    """The backend could not do what was asked (submission refused, unknown job, ...)."""
+
+
+class JobState(enum.StrEnum):
+    PENDING = "pending"  # queued, not started: never charged
+    RUNNING = "running"
+    COMPLETED = "completed"  # exited 0
+    FAILED = "failed"  # exited non-zero (the metrics reader classifies why from the log)
+    CANCELLED = "cancelled"  # cancelled through the broker (or killed as a hang)
+    TIMEOUT = "timeout"  # the backend's time limit
+    INFRASTRUCTURE = "infrastructure"  # node failure, lost node, launch failure outside the job
+
+    @property
+    def finished(self) -> bool:
+        return self not in (JobState.PENDING, JobState.RUNNING)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job, fully resolved: what to run, where, on how many GPUs."""
+
+    job_id: str  # the campaign's run id; unique within the campaign
+    campaign: str
+    argv: tuple[str, ...]  # the full command line, placeholders already substituted
+    env: dict[str, str]  # the job's own environment (added to a minimal base environment)
+    workdir: Path  # the job's working directory
+    run_dir: Path  # the job writes its log (log.txt) and outputs here
+    gpus: int
+    gpus_per_node: int
+    time_limit_s: float | None = None
+    image: str | None = None  # container image, where the backend runs containers
+
+    @property
+    def nodes(self) -> int:
+        return max(1, -(-self.gpus // self.gpus_per_node))
+
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir / "log.txt"
+
+
+@dataclass
+class JobStatus:
+    job_id: str
+    backend_id: str  # pid of the process group, Slurm job id, ...
+    state: JobState
+    started_at: float | None = None  # epoch seconds the job started running: charging starts here
+    ended_at: float | None = None  # epoch seconds it released its resources
+    exit_code: int | None = None
+    nodes: list[str] = field(default_factory=list)
+    reason: str | None = None  # the backend's own words (e.g. Slurm's NODE_FAIL)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+
+    def submit(self, spec: JobSpec) -> str:
+        """Start (or queue) the job; returns the backend's id for it. Raises BackendError."""
+
+    def status(self, backend_id: str) -> JobStatus:
+        """The job's current state. Raises BackendError for an unknown id."""
+
+    def cancel(self, backend_id: str) -> None:
+        """Stop the job and everything it started. Idempotent on a finished job."""
+
+    def render(self, spec: JobSpec) -> str:
+        """What submit would run, as a script a person could read and run by hand."""
