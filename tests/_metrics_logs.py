@@ -141,6 +141,25 @@ def megatron_lm_log(
     return lines
 
 
+# The end of a Megatron-LM log where rank 1 ran out of memory and its peers timed out.
+OOM_TAIL = [
+    "[rank1]: Traceback (most recent call last):",
+    '[rank1]:   File "/workspace/megatron/pretrain_gpt.py", line 299, in <module>',
+    "[rank1]:     pretrain(",
+    '[rank1]:   File "/workspace/megatron/megatron/training/training.py", line 386, in pretrain',
+    "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total "
+    "capacity of 79.11 GiB of which 1.06 GiB is free. Including non-PyTorch memory, this process has 78.04 GiB "
+    "memory in use. If reserved but unallocated memory is large try setting "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.",
+    "[rank0]:[E1002 11:14:17.123456 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation "
+    "timeout: WorkNCCL(SeqNum=1234, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for "
+    "600012 milliseconds before timing out.",
+    "E1002 11:14:20.000000 123 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: 1) "
+    "local_rank: 1 (pid: 5678) of binary: /usr/bin/python",
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+]
+
+
 def write(path, lines: Iterable[str], *, trailing_newline: bool = True) -> str:
     text = "\n".join(lines) + ("\n" if trailing_newline else "")
     path.write_text(text)
