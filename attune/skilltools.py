@@ -230,8 +230,8 @@ def layouts_main(argv: Sequence[str] | None = None) -> int:
         )
         if args.limit < 0:
             raise LayoutError(f"--limit must be >= 0, got {args.limit}")
-        if args.fits_only and not args.memory:
-            raise LayoutError("--fits-only needs --memory")
+        if args.fits_only and not (args.memory and (args.gpu_memory_gib or args.accelerator)):
+            raise LayoutError("--fits-only needs --memory and a GPU size (--accelerator or --gpu-memory-gib)")
         reports = enumerate_layouts(model, opts)
         seq = args.seq_length or model.seq_length
         rows: list[dict[str, Any]] = []
