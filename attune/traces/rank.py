@@ -324,7 +324,6 @@ class RankResult:
     events: int
     events_skipped: int
     bytes_read: int
-    trace_span_us: float
     notes: list[str] = field(default_factory=list)
 
 
@@ -499,10 +498,10 @@ def _top(stats: dict[str, _NameStat], n: int, with_class: bool) -> list[dict[str
     return out
 
 
-def _cpu_compute(c: RankCollector, x_ts: np.ndarray, x_end: np.ndarray) -> iv.Intervals:
+def _cpu_compute(c: RankCollector, base: float) -> iv.Intervals:
     """CPU operators' time on each thread, less that thread's communication, over all threads."""
-    ts, end, tid = _np(c.c_ts), _np(c.c_end), _np(c.c_tid, np.int32)
-    x_tid = _np(c.x_tid, np.int32)
+    ts, end, tid = _np(c.c_ts) - base, _np(c.c_end) - base, _np(c.c_tid, np.int32)
+    x_ts, x_end, x_tid = _np(c.x_ts) - base, _np(c.x_end) - base, _np(c.x_tid, np.int32)
     pieces_s: list[np.ndarray] = []
     pieces_e: list[np.ndarray] = []
     for t in np.unique(tid):
@@ -518,13 +517,12 @@ def _cpu_compute(c: RankCollector, x_ts: np.ndarray, x_end: np.ndarray) -> iv.In
     return iv.merge(np.concatenate(pieces_s), np.concatenate(pieces_e))
 
 
-def _windows(c: RankCollector, lo: float, hi: float) -> tuple[list[int | None], np.ndarray, np.ndarray]:
-    if not c.steps:
-        return [None], np.array([lo]), np.array([hi])
+def _windows(c: RankCollector, base: float) -> tuple[list[int | None], np.ndarray, np.ndarray]:
+    """The profiler steps' windows in time order, each clipped at the next one's start."""
     nums = sorted(c.steps, key=lambda k: c.steps[k][0])
-    starts = np.array([c.steps[k][0] for k in nums])
-    ends = np.array([c.steps[k][1] for k in nums])
-    ends[:-1] = np.minimum(ends[:-1], starts[1:])  # windows must not overlap
+    starts = np.array([c.steps[k][0] for k in nums]) - base
+    ends = np.array([c.steps[k][1] for k in nums]) - base
+    ends[:-1] = np.minimum(ends[:-1], starts[1:])
     return list(nums), starts, ends
 
 
@@ -580,8 +578,7 @@ def analyze_rank(
         oth_sel = d_cls == DeviceClass.OTHER
         layers["other"] = iv.merge(d_ts[oth_sel], d_end[oth_sel])
     else:
-        cpu_compute = _cpu_compute(c, x_ts + base, x_end + base)
-        layers["compute"] = (cpu_compute[0] - base, cpu_compute[1] - base)
+        layers["compute"] = _cpu_compute(c, base)
         keys = list(c.comm_keys)
         x_kind = np.array([resolve(keys[i]) for i in x_comm], dtype=np.int64)
         for k in CommKind:
@@ -605,9 +602,7 @@ def analyze_rank(
 
     # step windows
     if c.steps:
-        nums, ws, we = _windows(c, 0.0, 0.0)
-        ws = ws - base
-        we = we - base
+        nums, ws, we = _windows(c, base)
     else:
         notes.append("no ProfilerStep annotations: the whole trace is treated as one step")
         lo = 0.0
@@ -662,7 +657,6 @@ def analyze_rank(
         events=c.events,
         events_skipped=reader.events_skipped,
         bytes_read=reader.bytes_read,
-        trace_span_us=(c.max_end - c.min_ts) if math.isfinite(c.min_ts) else 0.0,
         notes=notes,
     )
 
