@@ -54,8 +54,8 @@ def test_known_breakdown(tmp_path):
     assert (r.span_us, r.idle_us, r.compute_us, r.non_compute_us) == (150, 78, 40, 32)
     assert r.comm_comp_overlap_pct == pytest.approx(100 * 10 / 35)
     # waits: the mean step's largest non-compute part first
-    assert r.waits_on[0].what == "python"
-    assert {w.what for w in r.waits_on} >= {"dp_reduce", "pipeline_p2p", "launch", "sync_wait", "data_loading"}
+    assert r.waits_on[0].what == "host_python"
+    assert {w.what for w in r.waits_on} >= {"dp_reduce", "pipeline_p2p", "host_launch", "sync_wait", "host_data_loading"}
     assert r.busy_us == pytest.approx(100 - 2.5)
     names = {k.name: k for k in r.top_kernels}
     assert names["gemm_kernel"].count == 3 and names["gemm_kernel"].total_us == 50
