@@ -253,9 +253,9 @@ class Policy:
                 return f"the pattern {text!r} has a component that could match '..'"
         cut = min(i for i, c in enumerate(text) if c in "*?[")
         base = os.path.dirname(text[:cut]) or "."
-        problem = self.read_problem(base)
-        if problem:
-            return problem
+        if not self.readable(base):
+            return f"the pattern {text!r} searches {base}, outside the campaign's allow-list for reads"
+
         matches = globmod.glob(text, root_dir=self.cwd) if not os.path.isabs(text) else globmod.glob(text)
         for m in matches[:GLOB_MATCH_LIMIT]:
             problem = self.read_problem(m)

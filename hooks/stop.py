@@ -47,7 +47,7 @@ def main():
         campaign = runtime.find_campaign(payload)
         if campaign is None:
             return 0
-        if sys.version_info < (3, 11):
+        if sys.version_info < (3, 11):  # noqa: UP036 - hooks run on whatever python3 the user has
             raise RuntimeError(f"attune's hooks need Python 3.11 or newer, python3 here is {sys.version.split()[0]}")
         from attune import state
 
