@@ -311,8 +311,8 @@ def apply_changes(baseline_args: Mapping[str, Any], changes: Mapping[str, Any]) 
 def explain_arg(loaded: LoadedList, name: str) -> dict[str, Any]:
     """An argument's (or environment variable's) class on this model, and why."""
     clist = loaded.clist
-    dest = clist.flag_index.get(name) if name.startswith("--") else name
-    if dest is not None and dest in clist.args:
+    dest = resolve_arg_name(clist, name)
+    if dest is not None:
         e = clist.args[dest]
         out: dict[str, Any] = {"name": dest, "kind": "arg", "flag": e.cli_flag(dest), "class": e.klass,
                                "why": e.why, "derived": e.derived}
@@ -340,6 +340,19 @@ def explain_arg(loaded: LoadedList, name: str) -> dict[str, Any]:
     return {"name": name, "kind": "env" if name.isupper() else "arg", "class": "unlisted",
             "why": f"not in the correctness list for {clist.model}",
             "verdict_on_change": "refused: anything unlisted is refused"}
+
+
+def resolve_arg_name(clist: CorrectnessList, name: str) -> str | None:
+    """A listed attribute from a flag (``--no-rope-fusion``), a flag without dashes (``no-rope-fusion``)
+    or an attribute name (``apply_rope_fusion``); None if the list has no such argument."""
+    if name.startswith("--"):
+        return clist.flag_index.get(name)
+    if name in clist.args:
+        return name
+    if "--" + name in clist.flag_index:
+        return clist.flag_index["--" + name]
+    snake = name.replace("-", "_")
+    return snake if snake in clist.args else None
 
 
 def _verdict_words(info: Mapping[str, Any]) -> str:

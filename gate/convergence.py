@@ -133,13 +133,12 @@ def _rel(c: float, g: float) -> float:
 
 
 def _pearson(a: np.ndarray, b: np.ndarray) -> float | None:
+    """Pearson r as numpy's corrcoef computes it; None when undefined (fewer than 2 points, a constant curve)."""
     if len(a) < 2:
         return None
-    da, db = a - a.mean(), b - b.mean()
-    denom = math.sqrt(float(np.dot(da, da)) * float(np.dot(db, db)))
-    if denom == 0.0:
-        return None
-    return float(np.dot(da, db) / denom)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = float(np.corrcoef(a, b)[0, 1])
+    return r if math.isfinite(r) else None
 
 
 def _is_finite(v: Any) -> bool:
