@@ -22,13 +22,14 @@ Standard library only.
 
 from __future__ import annotations
 
-import glob as globmod
 import os
 import re
-from dataclasses import dataclass, field
-from typing import Any
 
 from hooks import runtime, shell
+
+TYPE_CHECKING = False  # no typing import at run time: hooks start on every tool call
+if TYPE_CHECKING:
+    from typing import Any
 
 ATTUNE_SERVERS = ("broker", "metrics", "traces", "gate")
 MCP_PREFIX = "mcp__plugin_attune_"
@@ -124,11 +125,16 @@ _PY_SAFE_FLAGS = frozenset({"-u", "-B", "-I", "-E", "-s", "-S", "-O", "-OO", "-X
 GLOB_MATCH_LIMIT = 2000
 
 
-@dataclass
 class Decision:
-    decision: str  # allow | deny
-    reason: str
-    subject: str = ""
+    """allow or deny, the reason the agent is shown, and what was decided on (for the log)."""
+
+    __slots__ = ("decision", "reason", "subject")
+
+    def __init__(self, decision: str, reason: str, subject: str = "") -> None:
+        self.decision, self.reason, self.subject = decision, reason, subject
+
+    def __repr__(self) -> str:
+        return f"Decision({self.decision!r}, {self.reason!r}, {self.subject!r})"
 
 
 def allow(reason: str, subject: str = "") -> Decision:
@@ -153,16 +159,14 @@ def category(name: str) -> str | None:
     return None
 
 
-@dataclass
 class Policy:
-    campaign: str
-    cwd: str
-    plugin_root: str = runtime.PLUGIN_ROOT
-    read_roots: list[str] = field(default_factory=list)
-    write_roots: list[str] = field(default_factory=list)
-    protected: list[str] = field(default_factory=list)
-    extra_commands: frozenset[str] = frozenset()
-    extra_tools: frozenset[str] = frozenset()
+    """A campaign's allow-lists; build it with `Policy.for_campaign`."""
+
+    def __init__(self, campaign: str, cwd: str, plugin_root: str, read_roots: list[str], write_roots: list[str],
+                 protected: list[str], extra_commands: frozenset[str], extra_tools: frozenset[str]) -> None:
+        self.campaign, self.cwd, self.plugin_root = campaign, cwd, plugin_root
+        self.read_roots, self.write_roots, self.protected = read_roots, write_roots, protected
+        self.extra_commands, self.extra_tools = extra_commands, extra_tools
 
     @classmethod
     def for_campaign(cls, campaign: str, cwd: str | None = None, plugin_root: str | None = None) -> Policy:
@@ -255,6 +259,8 @@ class Policy:
         base = os.path.dirname(text[:cut]) or "."
         if not self.readable(base):
             return f"the pattern {text!r} searches {base}, outside the campaign's allow-list for reads"
+
+        import glob as globmod  # only patterns need it
 
         matches = globmod.glob(text, root_dir=self.cwd) if not os.path.isabs(text) else globmod.glob(text)
         for m in matches[:GLOB_MATCH_LIMIT]:

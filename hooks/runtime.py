@@ -28,7 +28,10 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
+
+TYPE_CHECKING = False  # no typing import at run time: hooks start on every tool call
+if TYPE_CHECKING:
+    from typing import Any
 
 CAMPAIGN_FILE = "campaign.yaml"
 POLICY_FILE = "policy.yaml"

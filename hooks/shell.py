@@ -20,8 +20,6 @@ Standard library only, and quick to import: this runs on every tool call.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 __all__ = ["Redirect", "Refused", "Word", "lex"]
 
 _GLOB = frozenset("*?[")
@@ -32,18 +30,25 @@ class Refused(Exception):
     """The command line uses a construct the policy does not run."""
 
 
-@dataclass
 class Word:
-    text: str  # after quote removal
-    glob: bool = False  # has unquoted *, ? or [
-    quoted: bool = False  # some part of it was quoted or escaped
+    """One word after quote removal; `glob`: has unquoted *, ? or [; `quoted`: some part was quoted."""
+
+    __slots__ = ("text", "glob", "quoted")
+
+    def __init__(self, text: str, glob: bool = False, quoted: bool = False) -> None:
+        self.text, self.glob, self.quoted = text, glob, quoted
+
+    def __repr__(self) -> str:
+        return f"Word({self.text!r}, glob={self.glob}, quoted={self.quoted})"
 
 
-@dataclass
 class Redirect:
-    fd: int | None  # the descriptor written on the left (2 in 2>x), None when implied
-    op: str  # one of > >> >| < >& <& &> &>>
-    target: Word
+    """`fd`: the descriptor written on the left (2 in 2>x), None when implied; `op`: > >> >| < >& <& &> &>>."""
+
+    __slots__ = ("fd", "op", "target")
+
+    def __init__(self, fd: int | None, op: str, target: Word) -> None:
+        self.fd, self.op, self.target = fd, op, target
 
     @property
     def is_output(self) -> bool:

@@ -10,7 +10,8 @@ plugin's persistent data directory:
 `uv` is used when it is on PATH (much faster), `python3 -m venv` + pip otherwise. A marker file
 (`.attune-ready`) is written last, so a half-built environment is never used; an exclusive lock
 serialises concurrent first starts (Claude Code starts the four servers at once), and the others
-wait for the first to finish. The plugin's own code is not installed: the server runs from the
+wait for the first to finish. The build runs in a detached process, so it completes even when Claude
+Code gives up on a slow first start (MCP_TIMEOUT) and kills the launcher; the next start finds it. The plugin's own code is not installed: the server runs from the
 plugin directory (PYTHONPATH), so the environment only changes when the dependencies do.
 
 usage:
@@ -159,15 +160,20 @@ def build(venv: Path, deps: list[str], log: Path) -> None:
                   "--no-input", *deps], log, "pip install", deadline)
 
 
-def provision(root: Path | None = None) -> Path:
-    """The ready environment's directory, building it first if needed."""
-    root = root or plugin_root()
+def target(root: Path) -> tuple[str, list[str], str, Path]:
+    """(version, dependencies, python tag, environment directory) for this plugin and interpreter."""
     version, deps = read_project(root)
     tag = python_tag()
-    data = data_dir()
-    venv = data / env_name(version, deps, tag)
+    return version, deps, tag, data_dir() / env_name(version, deps, tag)
+
+
+def provision(root: Path | None = None) -> Path:
+    """The ready environment's directory, building it here (under the lock) if needed."""
+    root = root or plugin_root()
+    version, deps, tag, venv = target(root)
     if is_ready(venv):
         return venv
+    data = venv.parent
     try:
         data.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -204,6 +210,53 @@ def provision(root: Path | None = None) -> Path:
     return venv
 
 
+def provision_detached(root: Path) -> Path:
+    """Provision in a detached builder process and wait for it.
+
+    Claude Code gives a server a limited time to connect (MCP_TIMEOUT) and kills it after that. A
+    first start may need longer (a minute with pip), so the build runs in its own session and
+    finishes even if this launcher is killed: the next start (or /mcp reconnect) finds it ready.
+    """
+    _, _, _, venv = target(root)
+    if is_ready(venv):
+        return venv
+    data = venv.parent
+    try:
+        data.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ProvisionError("creating the plugin data directory", f"{data}: {exc}") from None
+    status = data / f"{venv.name}.status-{os.getpid()}.json"
+    say(f"preparing attune's Python environment in {venv} (first start only; log {data / (venv.name + '.log')})")
+    with open(data / f"{venv.name}.builder.err", "ab") as err:
+        builder = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--provision-worker", str(status)],
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                   start_new_session=True, env=dict(os.environ, CLAUDE_PLUGIN_ROOT=str(root)))
+    code = builder.wait()
+    try:
+        result = json.loads(status.read_text())
+        status.unlink()
+    except (OSError, ValueError):
+        result = {}
+    if code == 0 and is_ready(venv):
+        return venv
+    raise ProvisionError(result.get("step", "provisioning"), result.get("detail", f"the builder exited with {code}"),
+                         Path(result["log"]) if result.get("log") else data / f"{venv.name}.log")
+
+
+def _provision_worker(status: Path) -> int:
+    try:
+        venv = provision(plugin_root())
+        status.write_text(json.dumps({"ok": True, "venv": str(venv)}))
+        return 0
+    except ProvisionError as exc:
+        status.write_text(json.dumps({"ok": False, "step": exc.step, "detail": exc.detail,
+                                      "log": str(exc.log) if exc.log else None}))
+        return 1
+    except Exception as exc:  # anything else: report it the same way
+        status.write_text(json.dumps({"ok": False, "step": "provisioning", "detail": f"{type(exc).__name__}: {exc}"}))
+        return 1
+
+
 def failure_message(server: str, exc: ProvisionError) -> str:
     lines = [f"cannot start attune's MCP server {server!r}: provisioning its Python environment failed",
              f"  step:  {exc.step}", f"  error: {exc.detail}"]
@@ -223,8 +276,78 @@ def failure_message(server: str, exc: ProvisionError) -> str:
     return "\n".join(lines)
 
 
+def find_campaign() -> Path | None:
+    """The session's campaign directory: ATTUNE_CAMPAIGN_DIR, else the nearest directory holding a
+    campaign.yaml from the project directory (CLAUDE_PROJECT_DIR, else the working directory) upwards."""
+    explicit = os.environ.get("ATTUNE_CAMPAIGN_DIR")
+    if explicit:
+        return Path(explicit).resolve()
+    d = Path(os.environ.get("CLAUDE_PROJECT_DIR") or os.getcwd()).resolve()
+    for cand in (d, *d.parents):
+        if (cand / "campaign.yaml").is_file():
+            return cand
+    return None
+
+
+def _spec_scalars(spec: Path) -> dict[str, str]:
+    """Top-level `model` and `gate.lists` / `gate.list_sha256` of campaign.yaml, by a line scan (no YAML here)."""
+    out: dict[str, str] = {}
+    section = ""
+    try:
+        lines = spec.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        key, sep, val = line.strip().partition(":")
+        val = val.split(" #", 1)[0].strip().strip("'\"")
+        if not line[0].isspace():
+            section = key
+            if key == "model" and sep and val:
+                out["model"] = val
+        elif section == "gate" and key in ("lists", "list_sha256") and val:
+            out[f"gate.{key}"] = val
+    return out
+
+
+def _pinned_list_sha(campaign: Path) -> str | None:
+    """The list hash the campaign pinned when it started (first ledger row), if any."""
+    try:
+        with open(campaign / "ledger.jsonl", "rb") as fh:
+            first = json.loads(fh.readline() or b"{}")
+    except (OSError, ValueError):
+        return None
+    data = first.get("data") if isinstance(first, dict) and first.get("type") == "campaign_started" else None
+    sha = data.get("list_sha256") if isinstance(data, dict) else None
+    return sha if isinstance(sha, str) and sha else None
+
+
+def campaign_env(module: str) -> dict[str, str]:
+    """Settings the servers read from the environment, derived from the session's campaign."""
+    env: dict[str, str] = {}
+    campaign = find_campaign()
+    if campaign is None:
+        return env
+    env["ATTUNE_CAMPAIGN_DIR"] = str(campaign)
+    if module == SERVERS["gate"]:
+        spec = _spec_scalars(campaign / "campaign.yaml")
+        lists = spec.get("gate.lists")
+        model = spec.get("model")
+        if lists:
+            cands = [campaign / lists, plugin_root() / lists]
+            model = str(next((c.resolve() for c in cands if c.is_file()), cands[0]))
+        sha = _pinned_list_sha(campaign) or spec.get("gate.list_sha256")
+        if model and not os.environ.get("ATTUNE_GATE_MODEL"):
+            env["ATTUNE_GATE_MODEL"] = model
+        if sha and not os.environ.get("ATTUNE_GATE_LIST_SHA256"):
+            env["ATTUNE_GATE_LIST_SHA256"] = sha
+    return env
+
+
 def exec_server(python: str, module: str, args: list[str], root: Path) -> None:
     env = dict(os.environ)
+    env.update(campaign_env(module))
     env["PYTHONPATH"] = str(root)
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("ATTUNE_PLUGIN_ROOT", str(root))
@@ -237,11 +360,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(__doc__ or "")
         return 2 if not argv else 0
     root = plugin_root()
+    if argv[0] == "--provision-worker" and len(argv) == 2:
+        return _provision_worker(Path(argv[1]))
     if argv[0] in ("--provision", "--where"):
         try:
             if argv[0] == "--where":
-                version, deps = read_project(root)
-                print(data_dir() / env_name(version, deps, python_tag()))
+                print(target(root)[3])
                 return 0
             print(provision(root))
             return 0
@@ -267,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         exec_server(python, module, rest, root)
     try:
-        venv = provision(root)
+        venv = provision_detached(root)
     except ProvisionError as exc:
         say(failure_message(name, exc))
         return 1

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -138,3 +139,25 @@ def test_bad_usage(args: list[str], code: int) -> None:
     p = subprocess.run([sys.executable, str(LAUNCH), *args], capture_output=True, text=True, timeout=30)
     assert p.returncode == code
     assert p.stdout == ""
+
+
+def test_build_survives_a_killed_launcher(tmp_path: Path) -> None:
+    """Claude Code kills a server that takes longer than MCP_TIMEOUT: the detached build still completes."""
+    wheel = _wheel(tmp_path)
+    root = _plugin(tmp_path, f"tinydep @ {wheel.as_uri()}")
+    data = tmp_path / "data"
+    env = _env(data)
+    p = _start(root, env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(data.glob("venv-*/bin")):
+        time.sleep(0.05)
+    assert p.poll() is None, "the launcher finished before it could be killed"
+    p.kill()
+    p.wait()
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not any(data.glob("venv-*/.attune-ready")):
+        time.sleep(0.2)
+    assert any(data.glob("venv-*/.attune-ready"))
+    p = _start(root, env)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0 and json.loads(out)["value"] == 42, err
