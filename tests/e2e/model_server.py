@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -60,8 +60,18 @@ def all_text(body: dict[str, Any]) -> str:
 
 
 class ScriptedModel:
-    def __init__(self, steps: list[Step], final: str = "Done.") -> None:
-        self.steps = list(steps)
+    """`steps`: a list of Step functions, or one generator function (the "agent") that yields each
+    reply's blocks and reads `model.current` (the latest main-loop request) after each yield."""
+
+    def __init__(self, steps: list[Step] | Callable[[ScriptedModel], Iterator[list[Block]]],
+                 final: str = "Done.") -> None:
+        self.gen: Iterator[list[Block]] | None = None
+        if callable(steps):
+            self.gen = steps(self)
+            self.steps: list[Step] = []
+        else:
+            self.steps = list(steps)
+        self.current: dict[str, Any] = {}
         self.final = final
         self.requests: list[dict[str, Any]] = []
         self.side_requests = 0
@@ -77,9 +87,13 @@ class ScriptedModel:
                 self.side_requests += 1
                 return [text("attune campaign")]
             self.requests.append(body)
-            if not self.steps:
+            self.current = body
+            if self.gen is not None:
+                step: Step = lambda _b: next(self.gen, None) or [text(self.final)]  # noqa: E731
+            elif not self.steps:
                 return [text(self.final)]
-            step = self.steps.pop(0)
+            else:
+                step = self.steps.pop(0)
         try:
             return step(body)
         except Exception as exc:  # a broken script must show in the test, not hang the client
