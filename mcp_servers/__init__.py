@@ -1,0 +1,1 @@
+"""Thin MCP adapters over the control plane (broker, metrics, traces, gate)."""
