@@ -1,0 +1,148 @@
+"""The headless launcher: run a campaign with Claude Code and resume it until it is done.
+
+`attune tune campaign.yaml --tuner claude` starts `claude -p "/goal ..."` in the campaign
+directory with the attune plugin, records the session id in `session.json`, and whenever the
+process ends (a crash, a forced stop, a turn limit, the machine's reboot followed by a rerun of the
+same command) while the ledger lacks a stop and a shipped result, resumes that session with
+`--resume`. The ledger, not the session, is the source of truth: a resumed or fresh session
+rebuilds the campaign from it (the SessionStart hook gives the agent its state).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from attune.state import CampaignState, load
+
+SESSION_FILE = "session.json"
+PLUGIN_SERVERS = ("broker", "metrics", "traces", "gate")
+GOAL = (
+    "/goal Tune the training recipe of the attune campaign in this directory (campaign.yaml) for "
+    "throughput with the attune skill, until the campaign's ledger has a stop recorded with evidence "
+    "(or the budget is spent) and a shipped result. Never change what the model learns."
+)
+RESUME_PROMPT = (
+    "Continue the attune campaign in this directory where it left off: read its state from the "
+    "campaign status tool, then carry on with the campaign loop of the attune skill."
+)
+
+
+def campaign_done(state: CampaignState) -> bool:
+    return (state.stop is not None or state.budget.spent) and state.shipped is not None and not state.in_flight
+
+
+def default_plugin_dir() -> Path | None:
+    """The plugin root when attune runs from a checkout (an editable install) of the plugin."""
+    root = Path(__file__).resolve().parents[1]
+    return root if (root / ".claude-plugin" / "plugin.json").is_file() else None
+
+
+@dataclass
+class SessionRecord:
+    session_id: str | None = None
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, campaign_dir: Path) -> SessionRecord:
+        p = campaign_dir / SESSION_FILE
+        if not p.exists():
+            return cls()
+        try:
+            data = json.loads(p.read_text())
+        except ValueError:
+            return cls()  # a torn write: start a fresh session; the ledger carries the state
+        return cls(session_id=data.get("session_id"), attempts=list(data.get("attempts", [])))
+
+    def save(self, campaign_dir: Path) -> None:
+        p = campaign_dir / SESSION_FILE
+        tmp = p.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"session_id": self.session_id, "attempts": self.attempts}, indent=2))
+        os.replace(tmp, p)
+
+
+class ClaudeLauncher:
+    def __init__(
+        self,
+        campaign_dir: Path | str,
+        claude: str = "claude",
+        plugin_dir: Path | None = None,
+        max_attempts: int = 20,
+        backoff_s: float = 5.0,
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        log: Any = sys.stderr,
+    ) -> None:
+        self.dir = Path(campaign_dir).resolve()
+        self.claude = claude
+        self.plugin_dir = plugin_dir if plugin_dir is not None else default_plugin_dir()
+        self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
+        self.extra_args = list(extra_args)
+        self.env = env
+        self.log = log
+
+    def _say(self, msg: str) -> None:
+        print(f"attune tune: {msg}", file=self.log, flush=True)
+
+    def argv(self, session_id: str | None) -> list[str]:
+        allowed = ",".join(
+            [f"mcp__plugin_attune_{s}" for s in PLUGIN_SERVERS] + ["Read", "Grep", "Glob", "Bash", "Edit", "Write"]
+        )
+        cmd = [self.claude, "-p", RESUME_PROMPT if session_id else GOAL]
+        if session_id:
+            cmd += ["--resume", session_id]
+        cmd += ["--output-format", "stream-json", "--verbose", "--allowedTools", allowed]
+        if self.plugin_dir is not None:
+            cmd += ["--plugin-dir", str(self.plugin_dir)]
+        return cmd + self.extra_args
+
+    def run_once(self, record: SessionRecord) -> int:
+        argv = self.argv(record.session_id)
+        started = datetime.now(UTC).isoformat()
+        env = {**os.environ, **(self.env or {}), "ATTUNE_CAMPAIGN_DIR": str(self.dir)}
+        proc = subprocess.Popen(argv, cwd=self.dir, stdout=subprocess.PIPE, stderr=None, text=True, env=env)
+        assert proc.stdout is not None
+        result: dict[str, Any] = {}
+        for line in proc.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            sid = event.get("session_id")
+            if sid and sid != record.session_id:
+                record.session_id = sid
+                record.save(self.dir)
+            if event.get("type") == "result":
+                result = {k: event.get(k) for k in ("subtype", "is_error", "num_turns", "total_cost_usd")}
+        rc = proc.wait()
+        record.attempts.append({"started": started, "exit_code": rc, "resumed": "--resume" in argv, **result})
+        record.save(self.dir)
+        return rc
+
+    def run(self) -> int:
+        record = SessionRecord.load(self.dir)
+        for attempt in range(self.max_attempts):
+            state, _ = load(self.dir)
+            if campaign_done(state):
+                self._say(f"campaign {state.name} is done: shipped {state.shipped.get('run_id') if state.shipped else '-'}")
+                return 0
+            how = f"resuming session {record.session_id}" if record.session_id else "starting a new session"
+            self._say(f"attempt {attempt + 1}/{self.max_attempts}: {how}")
+            rc = self.run_once(record)
+            if rc != 0:
+                self._say(f"claude exited with {rc}; resuming after {self.backoff_s:.0f}s")
+                time.sleep(self.backoff_s)
+        state, _ = load(self.dir)
+        if campaign_done(state):
+            return 0
+        self._say(f"gave up after {self.max_attempts} attempts; missing: {'; '.join(state.missing_for_stop())}")
+        return 1

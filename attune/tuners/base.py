@@ -1,0 +1,97 @@
+"""The tuner interface: a tuner proposes candidates and learns from their outcomes.
+
+Tuners never launch anything themselves and decide nothing that counts: the driver hands each
+candidate to the control plane (the same admission, gate, ledger and promotion rule the agent
+uses), and the control plane's verdict comes back as an `Outcome`.
+
+A candidate is a flat mapping of changes relative to the baseline: keys starting with `--` are
+training arguments, other keys are environment variables (`OMP_NUM_THREADS`).
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+ArgValue = str | int | float | bool | None
+FAILED_OUTCOMES = frozenset({"oom", "hang", "crash", "infrastructure", "refused", "failed"})
+
+
+def split_changes(flat: dict[str, ArgValue]) -> dict[str, dict[str, Any]]:
+    """{"--x": 1, "ENV": "2"} -> {"args": {"--x": 1}, "env": {"ENV": "2"}} (env values as strings)."""
+    args = {k: v for k, v in flat.items() if k.startswith("--")}
+    env = {k: str(v) for k, v in flat.items() if not k.startswith("--")}
+    out: dict[str, dict[str, Any]] = {}
+    if args:
+        out["args"] = args
+    if env:
+        out["env"] = env
+    return out
+
+
+def recipe_key(flat: dict[str, ArgValue]) -> str:
+    return json.dumps(flat, sort_keys=True, default=str)
+
+
+@dataclass
+class Candidate:
+    changes: dict[str, ArgValue]
+    lever: str
+    hypothesis: str
+    expected_gain: float | None = None
+    token: Any = None  # the tuner's own handle (an Optuna trial, a lever position, ...)
+
+    @property
+    def key(self) -> str:
+        return recipe_key(self.changes)
+
+
+@dataclass
+class Outcome:
+    run_id: str | None
+    outcome: str  # ok | oom | hang | crash | infrastructure | pruned | refused
+    tokens_per_s_per_gpu: float | None = None
+    valid: bool = False
+    promoted: bool = False  # the control plane made it the leader
+    reason: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def score(self) -> float:
+        """What a black-box tuner optimises: throughput, and zero for a run that failed."""
+        if self.outcome != "ok" or not self.valid or self.tokens_per_s_per_gpu is None:
+            return 0.0
+        return float(self.tokens_per_s_per_gpu)
+
+
+class Tuner(abc.ABC):
+    """Proposes candidates one at a time; `ask` returning None means it has nothing left to try."""
+
+    name: str = "tuner"
+
+    def __init__(self, space: dict[str, list[ArgValue]], baseline: dict[str, ArgValue], seed: int = 0) -> None:
+        if not space:
+            raise ValueError("the search space is empty: declare search_space in campaign.yaml")
+        for k, values in space.items():
+            if not values:
+                raise ValueError(f"search_space.{k}: expected at least one value")
+        self.space = space
+        self.baseline = baseline  # the baseline's value of each lever in the space
+        self.seed = seed
+        self.tried: set[str] = set()
+
+    @abc.abstractmethod
+    def ask(self) -> Candidate | None: ...
+
+    @abc.abstractmethod
+    def tell(self, candidate: Candidate, outcome: Outcome) -> None: ...
+
+    def summary(self) -> dict[str, Any]:
+        """Evidence for the stop record: what was tested."""
+        return {"tuner": self.name, "levers_tested": sorted(self.space)}
+
+    def diff(self, full: dict[str, ArgValue]) -> dict[str, ArgValue]:
+        """Only the levers whose value differs from the baseline."""
+        return {k: v for k, v in full.items() if self.baseline.get(k) != v}

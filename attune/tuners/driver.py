@@ -1,0 +1,103 @@
+"""Drive a tuner against the control plane, with up to `concurrency` runs in flight.
+
+The control plane (admission, the gate's layer 1, the ledger, scoring and the promotion rule) is
+the same one the agent's MCP tools reach; the driver only asks the tuner for candidates and
+reports outcomes back. The baseline is never launched as a search candidate: its value is the
+calibration mean (and the control plane refuses identical recipes anyway).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from attune.tuners.base import Candidate, Outcome, Tuner
+
+EARLY_ABORT_FRACTION = 0.9  # prune a run below 0.9 x the leader after 4 steady measured steps
+EARLY_ABORT_STEPS = 4
+
+
+class ControlPlane(Protocol):
+    concurrency: int
+
+    def can_launch(self) -> bool:
+        """Whether the budget still admits another search run (admission re-checks atomically)."""
+
+    def baseline_tps(self) -> float:
+        """The calibration mean."""
+
+    def leader_tps(self) -> float:
+        """The current leader's throughput."""
+
+    def evaluate(self, candidate: Candidate, prune_below: float | None) -> Outcome:
+        """Launch the candidate through the control plane, wait for it, score it. Blocking."""
+
+    def record_stop(self, evidence: dict[str, Any]) -> None:
+        """Write the stop record with its evidence."""
+
+
+@dataclass
+class DriveResult:
+    launches: int = 0
+    failed: int = 0
+    pruned: int = 0
+    refused: int = 0
+    stop_reason: str = ""
+    outcomes: list[tuple[Candidate, Outcome]] = field(default_factory=list)
+
+
+def drive(
+    tuner: Tuner,
+    cp: ControlPlane,
+    early_abort: bool = False,
+    on_outcome: Callable[[Candidate, Outcome], None] | None = None,
+) -> DriveResult:
+    res = DriveResult()
+    exhausted = False
+    budget_out = False
+    with cf.ThreadPoolExecutor(max_workers=max(1, cp.concurrency)) as pool:
+        inflight: dict[cf.Future[Outcome], Candidate] = {}
+        while True:
+            while not exhausted and not budget_out and len(inflight) < max(1, cp.concurrency):
+                if not cp.can_launch():
+                    budget_out = True
+                    break
+                cand = tuner.ask()
+                if cand is None:
+                    exhausted = True
+                    break
+                if not cand.changes:
+                    base = cp.baseline_tps()
+                    tuner.tell(cand, Outcome(run_id=None, outcome="ok", tokens_per_s_per_gpu=base, valid=True))
+                    continue
+                prune = cp.leader_tps() * EARLY_ABORT_FRACTION if early_abort else None
+                inflight[pool.submit(cp.evaluate, cand, prune)] = cand
+            if not inflight:
+                break
+            done, _ = cf.wait(list(inflight), return_when=cf.FIRST_COMPLETED)
+            for fut in done:
+                cand = inflight.pop(fut)
+                out = fut.result()
+                if out.outcome == "refused":
+                    res.refused += 1
+                    if out.reason and "budget" in out.reason:
+                        budget_out = True
+                else:
+                    res.launches += 1
+                    if out.outcome in ("oom", "hang", "crash"):
+                        res.failed += 1
+                    elif out.outcome == "pruned":
+                        res.pruned += 1
+                tuner.tell(cand, out)
+                res.outcomes.append((cand, out))
+                if on_outcome is not None:
+                    on_outcome(cand, out)
+    res.stop_reason = (
+        "the budget is spent" if budget_out else
+        "the tuner found nothing more to try that could beat the leader" if exhausted else "stopped"
+    )
+    evidence = {**tuner.summary(), "reason": res.stop_reason, "launches": res.launches, "failed": res.failed}
+    cp.record_stop(evidence)
+    return res

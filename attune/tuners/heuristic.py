@@ -1,0 +1,170 @@
+"""A deterministic, diagnosis-driven tuner: the skill's search rules, applied mechanically.
+
+It is the fallback where no agent is available. From the leader, it changes one lever at a time
+(rule 2), trying a lever's values nearest the leader's first; a lever is ruled out only after two
+of its values fail to beat the leader, or when its values run out (rule 4). A candidate that runs
+out of memory is retried once with the memory-saving lever added back (rule 5). When a lever wins,
+the levers that won before are re-tested on the new leader (rule 6). It stops, with evidence, when
+a full pass over the levers finds nothing that beats the leader.
+
+Levers are taken in the order of `priority` (the catalog's expected-gain order), else in the
+order the campaign declares them.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from attune.tuners.base import ArgValue, Candidate, Outcome, Tuner, recipe_key
+
+MEMORY_SAVERS: dict[str, ArgValue] = {"--recompute-granularity": "full", "--recompute-activations": True}
+
+
+class HeuristicTuner(Tuner):
+    name = "heuristic"
+
+    def __init__(
+        self,
+        space: dict[str, list[ArgValue]],
+        baseline: dict[str, ArgValue],
+        seed: int = 0,
+        priority: list[str] | None = None,
+        hypotheses: dict[str, str] | None = None,
+        max_passes: int = 3,
+    ) -> None:
+        super().__init__(space, baseline, seed)
+        order = [k for k in (priority or []) if k in space] + [k for k in space if k not in (priority or [])]
+        self.order = order
+        self.hypotheses = hypotheses or {}
+        self.leader: dict[str, ArgValue] = {}  # changes of the current leader relative to the baseline
+        self.max_passes = max_passes
+        self.passes = 0
+        self.won: list[str] = []  # levers that produced a leader, in order
+        self.ruled_out: dict[str, str] = {}
+        self.queue: deque[tuple[str, ArgValue]] = deque()
+        self.failures_this_lever = 0
+        self.current_lever: str | None = None
+        self.improved_this_pass = False
+        self.pending_retry: Candidate | None = None
+        self.tried.add(recipe_key({}))
+        self._lever_iter: deque[str] = deque()
+        self._start_pass()
+
+    # ---- bookkeeping -------------------------------------------------------------------
+    def _value(self, lever: str) -> ArgValue:
+        return self.leader.get(lever, self.baseline.get(lever))
+
+    def _start_pass(self) -> None:
+        self.passes += 1
+        self.improved_this_pass = False
+        self._lever_iter = deque(self.order)
+
+    def _values_to_try(self, lever: str) -> list[ArgValue]:
+        values = list(self.space[lever])
+        cur = self._value(lever)
+        if cur in values:
+            i = values.index(cur)
+            # Neighbours first, alternating outward: i+1, i-1, i+2, i-2, ...
+            out: list[ArgValue] = []
+            for d in range(1, len(values)):
+                for j in (i + d, i - d):
+                    if 0 <= j < len(values):
+                        out.append(values[j])
+            return out
+        return [v for v in values if v != cur]
+
+    def _candidate(self, lever: str, value: ArgValue, why: str) -> Candidate | None:
+        full = {**{k: self.baseline.get(k) for k in self.space}, **self.leader, lever: value}
+        changes = self.diff(full)
+        key = recipe_key(changes)
+        if key in self.tried:
+            return None
+        self.tried.add(key)
+        base = self.hypotheses.get(lever, f"{lever} is a bottleneck lever")
+        return Candidate(
+            changes=changes,
+            lever=lever,
+            hypothesis=f"{base}; try {lever}={value} from {self._value(lever)} ({why})",
+            token={"lever": lever, "value": value},
+        )
+
+    # ---- the interface -----------------------------------------------------------------
+    def ask(self) -> Candidate | None:
+        if self.pending_retry is not None:
+            cand, self.pending_retry = self.pending_retry, None
+            return cand
+        while True:
+            while self.queue:
+                lever, value = self.queue.popleft()
+                cand = self._candidate(lever, value, "rule 4: two values before ruling out")
+                if cand is not None:
+                    return cand
+            if self.current_lever is not None and self.current_lever not in self.ruled_out:
+                self.ruled_out[self.current_lever] = "values exhausted without beating the leader"
+            if not self._lever_iter:
+                if not self.improved_this_pass or self.passes >= self.max_passes:
+                    return None
+                # Rule 6: the leader moved; re-test every lever (earlier winners first) on it.
+                self._start_pass()
+                self.ruled_out = {}
+                self._lever_iter = deque(self.won + [k for k in self.order if k not in self.won])
+            lever = self._lever_iter.popleft()
+            if lever in self.ruled_out:
+                continue
+            self.current_lever = lever
+            self.failures_this_lever = 0
+            self.queue = deque((lever, v) for v in self._values_to_try(lever))
+
+    def tell(self, candidate: Candidate, outcome: Outcome) -> None:
+        tok: dict[str, Any] = candidate.token or {}
+        lever = tok.get("lever", candidate.lever)
+        if outcome.promoted:
+            old = self._value(lever)
+            self.leader = dict(candidate.changes)
+            self.improved_this_pass = True
+            if lever not in self.won:
+                self.won.append(lever)
+            # Keep moving in the direction that won, drop the other direction.
+            self.failures_this_lever = 0
+            self.queue = deque(
+                (lever, v) for v in self._values_to_try(lever) if self._beyond(lever, v, tok.get("value"), old)
+            )
+            return
+        if outcome.outcome == "oom" and not tok.get("retried"):
+            for saver, val in MEMORY_SAVERS.items():
+                if saver in self.space and candidate.changes.get(saver) != val and saver != lever:
+                    changes = {**candidate.changes, saver: val}
+                    changes = self.diff({**{k: self.baseline.get(k) for k in self.space}, **changes})
+                    if recipe_key(changes) not in self.tried:
+                        self.tried.add(recipe_key(changes))
+                        self.pending_retry = Candidate(
+                            changes=changes, lever=lever,
+                            hypothesis=f"rule 5: {lever} ran out of memory; add back {saver}={val} and measure again",
+                            token={**tok, "retried": True},
+                        )
+                        return
+        self.failures_this_lever += 1
+        if self.failures_this_lever >= 2:
+            self.ruled_out[lever] = "two values did not beat the leader"
+            self.queue.clear()
+
+    def _beyond(self, lever: str, value: ArgValue, won_value: ArgValue, prev: ArgValue) -> bool:
+        """Whether `value` lies further along the direction that took `prev` to `won_value`."""
+        values = self.space[lever]
+        if won_value not in values or value not in values:
+            return True
+        if prev not in values:
+            return True
+        direction = values.index(won_value) - values.index(prev)
+        return (values.index(value) - values.index(won_value)) * direction > 0
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "tuner": self.name,
+            "levers_tested": list(self.order),
+            "levers_won": list(self.won),
+            "ruled_out": dict(self.ruled_out),
+            "leader_changes": dict(self.leader),
+            "passes": self.passes,
+        }
