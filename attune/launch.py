@@ -188,8 +188,11 @@ def score_run(
     tps = m.tokens_per_s_per_gpu
     if tps is not None and not math.isfinite(tps):
         tps = None
+    reason = m.verdict.reason
+    if m.verdict.evidence:
+        reason += ": " + m.verdict.evidence[0].text.strip()[:300]
     return Score(tps, bool(m.valid and tps is not None), list(m.invalid_reasons), m.failure_class,
-                 m.verdict.reason, m.last_iteration)
+                 reason, m.last_iteration)
 
 
 # ----------------------------------------------------------------------------------- control
@@ -356,6 +359,15 @@ class Control:
                 raise RunGenError("no_change", (
                     "the candidate is the baseline recipe itself (its changes cancel out): the baseline is "
                     "measured by calibration; change a lever"))
+        # Layer 1 of the gate on the candidate recipe (flags and environment, before fixes).
+        verdict = check_candidate(spec, self.dir, state.list_sha256, spec.baseline.args, cand.args,
+                                  spec.baseline.env, cand.env)
+        gate_info = {"passed": verdict.passed, "summary": verdict.summary, "list_sha256": verdict.list_sha256}
+        if not verdict.passed:
+            a = Admission(False, "gate", verdict.summary, kind=req.kind, changes=cand.changes.as_dict())
+            a.gate = {**gate_info, "refusals": verdict.refusals}
+            return a
+        if req.kind == "search":
             new_flags = [
                 f for f, v in edits.args.items()
                 if v is not None and v is not False and f not in spec.baseline.args
@@ -372,14 +384,6 @@ class Control:
                     exclude = list(state.runs[retry_of].nodes)
                 else:
                     return Admission(False, "identical", ident[1], kind=req.kind)
-        # Layer 1 of the gate on the candidate recipe (flags and environment, before fixes).
-        verdict = check_candidate(spec, self.dir, state.list_sha256, spec.baseline.args, cand.args,
-                                  spec.baseline.env, cand.env)
-        gate_info = {"passed": verdict.passed, "summary": verdict.summary, "list_sha256": verdict.list_sha256}
-        if not verdict.passed:
-            a = Admission(False, "gate", verdict.summary, kind=req.kind, changes=cand.changes.as_dict())
-            a.gate = {**gate_info, "refusals": verdict.refusals}
-            return a
         # Budget.
         expected = self.expected_cost(state, req.kind, req.profile)
         b = state.budget

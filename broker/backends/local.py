@@ -53,13 +53,28 @@ class _Job:
 
 
 def _pgroup_alive(pgid: int) -> bool:
+    """Whether any process of the group still runs (zombies, waiting to be reaped, do not count)."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses, so split after the last ')'
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
 
 
 def _kill_group(pgid: int, sig: int) -> None:
@@ -192,7 +207,8 @@ class LocalBackend:
         while time.monotonic() < deadline and self._alive(job):
             time.sleep(0.05)
         _kill_group(pgid, signal.SIGKILL)
-        while self._alive(job):
+        deadline = time.monotonic() + 10.0
+        while self._alive(job) and time.monotonic() < deadline:
             time.sleep(0.02)
         with self._lock:
             if not job.state.finished:
