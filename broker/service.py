@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import secrets
+import signal
 import socket
 import sys
 import threading
@@ -212,6 +213,9 @@ class Broker:
             Route("/v1/image/search", self._wrap("image_search", _image_search), methods=["GET"]),
             Route("/v1/assumptions", self._wrap("record_assumption", _assumption), methods=["POST"]),
             Route("/v1/stop", self._wrap("record_stop", _stop), methods=["POST"]),
+            # Anything else is refused, and audited like every other request.
+            Route("/{path:path}", self._wrap("unknown", _unknown, auth=False),
+                  methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]),
         ]
 
         @contextlib.asynccontextmanager
@@ -233,6 +237,8 @@ class Broker:
             run_id = request.path_params.get("run_id")
             if run_id is not None:
                 base["run_id"] = run_id
+            if not auth:
+                handle, _ = self.authenticate(request)  # only to attribute the request in the audit
             if auth:
                 handle, why = self.authenticate(request)
                 if handle is None:
@@ -240,7 +246,7 @@ class Broker:
                     return JSONResponse({"error": "unauthorized", "reason": f"{why}: send Authorization: Bearer "
                                          "<the campaign's token>"}, status_code=401)
             body: dict[str, Any] | None = None
-            if request.method == "POST":
+            if request.method == "POST" and name != "unknown":
                 raw = await request.body()
                 if len(raw) > MAX_BODY_BYTES:
                     return self._refuse(handle, base, 413, "too_large", f"request body over {MAX_BODY_BYTES} bytes")
@@ -319,6 +325,10 @@ def _bool(q: Any, name: str, default: bool) -> bool:
     if raw.lower() in ("0", "false", "no"):
         return False
     raise _BadQuery(f"{name} must be true or false, got {raw!r}")
+
+
+def _unknown(b: Broker, h: None, p: dict[str, Any], q: Any, body: Any) -> tuple[int, dict[str, Any], str | None]:
+    return 404, {"error": "not_found", "reason": f"no such route: /{p.get('path', '')}"}, "refused: no such route"
 
 
 def _health(b: Broker, h: None, p: dict[str, Any], q: Any, body: Any) -> tuple[int, dict[str, Any], str | None]:
@@ -492,6 +502,10 @@ def _serve_locks(dirs: list[Path]):  # type: ignore[no-untyped-def]
             fh.close()
 
 
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    raise SystemExit(0)
+
+
 def serve(campaign_dirs: list[Path], host: str = "127.0.0.1", port: int = 0, state_dir: Path | None = None,
           idle_exit_s: float | None = None, log_level: str = "warning",
           on_ready: Callable[[str], None] | None = None) -> None:
@@ -522,8 +536,14 @@ def serve(campaign_dirs: list[Path], host: str = "127.0.0.1", port: int = 0, sta
         if on_ready is not None:
             on_ready(url)
         print(f"attune broker serving {', '.join(sorted(broker.handles))} at {url}", file=sys.stderr, flush=True)
+        if threading.current_thread() is threading.main_thread():
+            # uvicorn shuts down gracefully on SIGTERM and then re-raises it; exit through Python so that
+            # the `finally` below removes the endpoint files.
+            signal.signal(signal.SIGTERM, _exit_on_signal)
         try:
             server.run(sockets=[sock])
+        except SystemExit:
+            pass
         finally:
             for p in written:
                 with contextlib.suppress(OSError, ValueError):

@@ -457,6 +457,7 @@ async def campaign_status() -> CampaignStatus:
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     server.run("stdio")
 
 

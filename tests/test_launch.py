@@ -185,7 +185,7 @@ def test_out_of_memory_and_crash_are_classified(calibrated: CampaignHandle) -> N
 
 
 def test_infrastructure_failures_get_one_retry(calibrated: CampaignHandle) -> None:
-    h, d = calibrated, calibrated.dir
+    h = calibrated
     body = search({"--fake-mode": "infra"}, lever="infra")
     first = h.launch(_req(body))
     settle(h)
