@@ -355,7 +355,7 @@ def component_report(include_compile: bool = False) -> dict[str, Any]:
     consistent = True
     for r in results:
         entry = lists.load_list(r.model).clist.args.get(r.swap)
-        recorded = getattr(entry, "component_test", None)
+        recorded = getattr(entry, "component_test", None) or (f"class {entry.klass}" if entry is not None else None)
         if r.control:
             ok = not r.passed  # a control must fail, whatever the list says
         elif entry is None:
