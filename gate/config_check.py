@@ -207,7 +207,10 @@ def _pin_refusals(clist: CorrectnessList, config: Mapping[str, Any], env: Mappin
         if dest not in config and not absent_is_unset:
             continue
         actual = config.get(dest)
-        holds = (actual is None or actual is False) if entry.value is None else names.same(actual, entry.value)
+        if entry.value is None or entry.value is False:  # pinned off: absent, null and false all hold it
+            holds = actual is None or actual is False or names.same(actual, False)
+        else:
+            holds = names.same(actual, entry.value)
         if not holds:
             out.append(Refusal(name=dest, kind="arg", klass="frozen",
                                reason=f"frozen at {entry.value!r} on {clist.model}, the candidate has "
