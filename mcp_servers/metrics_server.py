@@ -531,7 +531,7 @@ def _verdict(run: state_mod.RunState, st: state_mod.CampaignState) -> tuple[str,
     if run.status != "finished":
         v = "in_flight"
     elif run.outcome not in (None, "ok"):
-        v = run.outcome
+        v = "failed"  # the outcome field says how
     elif run.tokens_per_s_per_gpu is None:
         v = "unmeasured"
     elif run.valid is False:
@@ -561,7 +561,7 @@ def campaign_measurements(
 ) -> CampaignMeasurements:
     """The campaign's measurements so far, from its ledger: the current leader and its gain over the
     baseline, the noise band from the calibration runs, and each run's outcome, throughput, gain
-    and verdict (leader, beats_leader, within_band, slower, invalid, oom, hang, crash, ...).
+    and verdict (leader, beats_leader, within_band, slower, invalid, failed, in_flight, ...).
 
     Call it at the start of a session and before choosing the next lever, to see where the search
     stands; it is cheap (it reads the ledger, not the logs). Runs are paged in admission order.

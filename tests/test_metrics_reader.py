@@ -221,6 +221,22 @@ def test_infrastructure_wins_over_crash(tmp_path, line):
     assert m.failure_class == "infrastructure", m.verdict
 
 
+def test_host_oom_kill_from_slurm(tmp_path):
+    lines = megatron_lm_log()[:-5] + [
+        "slurmstepd: error: Detected 1 oom_kill event in StepId=4242.0. Some of the step tasks have been OOM Killed.",
+        "srun: error: node-07: task 3: Out Of Memory",
+    ]
+    m = read_metrics(write(tmp_path / "log.txt", lines), gpus=4, exit_status=137)
+    assert m.failure_class == "oom" and m.verdict.evidence[0].pattern == "oom_kill"
+
+
+def test_every_signature_is_reachable_through_a_gate():
+    from attune.metrics import failure
+
+    for _, _, pattern in failure.SIGNATURES:
+        assert any(gate in pattern for gate in failure.MARKERS) or pattern in (b"oom-kill", b"oom_kill"), pattern
+
+
 def test_failure_precedence():
     def sig(cls, pattern):
         return Signal(cls, pattern, 1, pattern)
@@ -300,6 +316,8 @@ def test_sequence_length_rules(tmp_path):
     with pytest.raises(MetricsInputError, match="seq_length: 2048 was given but the log's arguments say 1024"):
         read_metrics(with_args, gpus=4, seq_length=2048)
     assert read_metrics(with_args, gpus=4, seq_length=1024).valid
+    with pytest.raises(MetricsInputError, match="gpus: 8 was given but the log's arguments say world_size 4"):
+        read_metrics(with_args, gpus=8)
 
 
 def test_bad_input_is_named():
@@ -405,3 +423,46 @@ def test_torchtitan_nan_loss_and_several_logging_ranks(tmp_path):
     assert m.step(5).tokens_per_s_per_device == 3100  # rank 0's line, not rank 1's
     assert sorted(r["rank"] for r in m.memory_dict()["per_rank"]) == [0, 1]
     assert any("ranks other than rank 0" in w for w in m.warnings)
+
+
+# ---------------------------------------------------------------- streaming, as a property
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_PIECES = [
+    iteration_line(3, 1000.0, 2.5),
+    iteration_line(4, 1001.0, None, timestamp=None),
+    memory_line_mb(1, 2, 1.5, 2.5, 3.5, 4.5) + memory_line_mb(2, 2, 5.5, 6.5, 7.5, 8.5),
+    "node-07:1234:1234 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.7<0>",
+    "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+    "\x1b[31m[rank0]: Traceback (most recent call last):\x1b[0m",
+    "",
+    "x" * 700,
+    "caf\xe9 \u2603 non-ascii chatter",
+]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    picks=st.lists(st.integers(0, len(_PIECES) - 1), max_size=40),
+    args_at=st.integers(0, 40),
+    block_size=st.integers(1, 900),
+    newline_at_end=st.booleans(),
+)
+def test_any_block_size_reads_the_same(tmp_path, picks, args_at, block_size, newline_at_end):
+    lines = [_PIECES[i] for i in picks]
+    lines[args_at:args_at] = megatron_lm_log(noise=False)[:17]  # the arguments block, somewhere
+    path = tmp_path / "log.txt"
+    text = "\n".join(lines) + ("\n" if newline_at_end else "")
+    path.write_bytes(text.encode())
+    ref = get_parser("megatron-lm").read(path)
+    got = get_parser("megatron-lm").read(path, block_size=block_size)
+    assert got.steps == ref.steps
+    assert got.memory == ref.memory
+    assert got.arguments == ref.arguments == MEGATRON_ARGS
+    assert [(s.pattern, s.line) for s in got.signals] == [(s.pattern, s.line) for s in ref.signals]
+    assert got.lines == ref.lines == text.count("\n") + (0 if text.endswith("\n") else 1)
+    assert got.truncated_tail == ref.truncated_tail
+    for s in ref.signals:  # line numbers point at the lines that carry the signature
+        assert s.pattern in lines[s.line - 1]

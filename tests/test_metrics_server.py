@@ -161,11 +161,12 @@ def test_campaign_measurements(campaign: Path) -> None:
         **{rid: ("calibration", "derived") for rid in CALIBRATION},
         "fast": ("leader", "ledger"),
         "slow": ("slower", "derived"),
-        "oom": ("oom", "derived"),
+        "oom": ("failed", "derived"),
         "stuck": ("in_flight", "derived"),
     }
-    assert m["verdict_counts"] == {"calibration": 5, "leader": 1, "slower": 1, "oom": 1, "in_flight": 1}
+    assert m["verdict_counts"] == {"calibration": 5, "leader": 1, "slower": 1, "failed": 1, "in_flight": 1}
     assert m["page"]["total"] == 9
+    assert next(r for r in m["runs"] if r["run_id"] == "oom")["outcome"] == "oom"
     assert [r["run_id"] for r in page.structured_content["runs"]] == ["fast", "slow"]
     assert page.structured_content["page"]["next_offset"] == 7
     assert [r["run_id"] for r in calib.structured_content["runs"]] == list(CALIBRATION)

@@ -260,6 +260,9 @@ def analyze(
     elif seq_length is not None:
         seq, seq_source = seq_length, "option"
 
+    if log.world_size is not None and log.world_size != gpus:
+        raise MetricsInputError(f"gpus: {gpus} was given but the log's arguments say world_size {log.world_size}")
+
     steps = [log.steps[i] for i in sorted(log.steps)]
     reasons: list[str] = []
     window_recs = [log.steps[i] for i in its if i in log.steps]

@@ -5,7 +5,7 @@ Classes: ``ok``, ``oom`` (out of memory), ``hang`` (no progress), ``crash``,
 
 1. node-level infrastructure (ECC errors, Slurm ``NODE_FAIL``, node failure): a dead node
    takes every other signature with it;
-2. out of memory: one rank running out of memory makes its peers' collectives fail or time
+2. out of memory (the GPU's, or the host's when Slurm reports an oom-kill): one rank running out of memory makes its peers' collectives fail or time
    out, so OOM outranks the NCCL errors and hangs it causes;
 3. NCCL ``unhandled system error`` (network or host fault, infrastructure);
 4. hang: the NCCL watchdog's collective timeout, Slurm's time limit, or no log progress for
@@ -33,6 +33,8 @@ SIGNATURES: tuple[tuple[int, str, bytes], ...] = (
     (1, "infrastructure", b"ode failure"),  # "node failure", "Node failure"
     (1, "infrastructure", b"ECC error"),
     (2, "oom", b"ut of memory"),  # "CUDA out of memory", "CUDA error: out of memory", "Out of memory"
+    (2, "oom", b"oom-kill"),  # Slurm: "slurmstepd: error: Detected 1 oom-kill event(s) ..." (host memory)
+    (2, "oom", b"oom_kill"),
     (3, "infrastructure", b"unhandled system error"),
     (4, "hang", b"Watchdog caught collective operation timeout"),
     (4, "hang", b"DUE TO TIME LIMIT"),
@@ -42,6 +44,7 @@ SIGNATURES: tuple[tuple[int, str, bytes], ...] = (
 )
 # What the scanner searches for: short gates that each cover one or more signatures, so a
 # multi-gigabyte log is scanned fewer times; `signals_in_line` then checks the exact patterns.
+# Slurm prints its oom-kill and time-limit notices on "slurmstepd: error:" lines, which "rror" selects.
 MARKERS: tuple[bytes, ...] = (
     b"rror",  # "ECC error", "unhandled system error", "ChildFailedError", "OutOfMemoryError"
     b"ut of memory",
