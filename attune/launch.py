@@ -271,6 +271,9 @@ class Control:
         with campaign_lock(self.dir):
             state = self.state()
             try:
+                if spec_sha256(self.dir / "campaign.yaml") != self.spec_sha256:
+                    raise RunGenError("spec_changed", (
+                        "campaign.yaml changed after the campaign started; its spec is frozen (restore it)"))
                 decision = self._decide(state, request)
             except RunGenError as exc:
                 decision = Admission(False, exc.code, exc.message, kind=request.kind)

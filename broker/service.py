@@ -247,6 +247,9 @@ class Broker:
                                          "<the campaign's token>"}, status_code=401)
             body: dict[str, Any] | None = None
             if request.method == "POST" and name != "unknown":
+                declared = request.headers.get("content-length", "0")
+                if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+                    return self._refuse(handle, base, 413, "too_large", f"request body over {MAX_BODY_BYTES} bytes")
                 raw = await request.body()
                 if len(raw) > MAX_BODY_BYTES:
                     return self._refuse(handle, base, 413, "too_large", f"request body over {MAX_BODY_BYTES} bytes")

@@ -274,7 +274,9 @@ def _req(body: dict[str, Any]) -> LaunchRequest:
 def test_a_changed_spec_is_refused(calibrated: CampaignHandle) -> None:
     from attune.launch import ControlError
 
-    d = calibrated.dir
+    h, d = calibrated, calibrated.dir
     (d / "campaign.yaml").write_text((d / "campaign.yaml").read_text() + "\nnotes: edited\n")
+    out = h.launch(_req(search({"--fake-variant": 4})))
+    assert out["code"] == "spec_changed" and "frozen" in out["reason"]
     with pytest.raises(ControlError, match="changed after the campaign started"):
         Control(d)
