@@ -45,6 +45,7 @@ from attune.state import CampaignState, RunState, fold
 
 RUNS_DIR = "runs"
 FAILED_OUTCOMES = ("oom", "hang", "crash", "infrastructure")
+EARLY_ABORT_STEPS = 4  # measured steps before an early abort may judge a run
 SOURCE_ROOT = Path(attune.__file__).resolve().parents[1]
 
 
@@ -72,6 +73,9 @@ class LaunchRequest(BaseModel):
         default_factory=dict, description="flag -> where the running image implements it (path:line)"
     )
     profile: bool = False
+    prune_below: float | None = Field(None, gt=0, description=(
+        "early abort (black-box tuners): stop the run once EARLY_ABORT_STEPS measured steps run below this "
+        "many tokens/s/GPU"))
 
 
 @dataclass
@@ -300,6 +304,7 @@ class Control:
                 "base_run_id": request.base if request.kind == "search" else "baseline",
                 "recipe_key": decision.recipe_key,
                 "retry_of": decision.retry_of,
+                "prune_below": request.prune_below,
                 "gate": decision.gate,
                 "argv": list(decision.job.argv),
             })
@@ -490,6 +495,8 @@ class Control:
             return "hang", facts.reason or "no log progress: killed by the broker's watchdog"
         if facts.killed_for == "cancelled":
             return "cancelled", facts.reason or "cancelled through the broker"
+        if facts.killed_for == "pruned":
+            return "pruned", facts.reason or "stopped early: slower than the early-abort threshold"
         if facts.state == "infrastructure":
             return "infrastructure", facts.reason or "the backend reports an infrastructure failure"
         if facts.state == "timeout":
@@ -508,7 +515,7 @@ class Control:
             if run.status == "finished":
                 return {"run_id": run_id, "outcome": run.outcome, "already_finished": True}
             started = facts.started_at if facts.started_at is not None else run.started_at
-            if facts.killed_for == "cancelled" and started is None:
+            if facts.killed_for in ("cancelled", "pruned") and started is None:
                 score = Score(None, False, ["cancelled before it started"], "ok", "cancelled before it started")
             else:
                 score = score_run(self.spec, self.run_dir(run_id) / "log.txt", exit_code=facts.exit_code,
@@ -560,8 +567,8 @@ class Control:
             return out
 
     def _verdict(self, state: CampaignState, run: RunState, outcome: str, score: Score) -> str:
-        if outcome == "cancelled":
-            return "cancelled"
+        if outcome in ("cancelled", "pruned"):
+            return outcome
         if outcome != "ok":
             return "failed"
         if not score.valid or score.tokens_per_s_per_gpu is None:

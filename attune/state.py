@@ -64,6 +64,7 @@ class RunState:
     exit_code: int | None = None
     reason: str | None = None  # why it ended as it did, in words
     recipe_failure: bool = False  # a retried infrastructure failure that failed again on other nodes
+    prune_below: float | None = None  # early abort: stop the run if its throughput falls below this
 
 
 @dataclass
@@ -232,6 +233,7 @@ class CampaignState:
             base_run_id=d.get("base_run_id"),
             retry_of=d.get("retry_of"),
             code_locations=dict(d.get("code_locations") or {}),
+            prune_below=d.get("prune_below"),
         )
         if run.run_id in self.runs:
             raise ledger_mod.LedgerError(f"row {row.seq}: run {run.run_id!r} admitted twice")

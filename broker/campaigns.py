@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from attune.campaign import record_assumption, record_stop
-from attune.launch import Admission, Control, JobFacts, LaunchRequest
+from attune.launch import EARLY_ABORT_STEPS, Admission, Control, JobFacts, LaunchRequest
 from attune.state import CampaignState, RunState
 from broker.backends import get_backend
 from broker.backends.base import Backend, BackendError, JobSpec, JobState, JobStatus
@@ -154,11 +154,41 @@ class CampaignHandle:
             limit = self.spec.control.hang_timeout_s
             if idle is not None and idle >= limit:
                 detail = f"no log progress for {idle:.0f} s (limit {limit:g} s): killed by the broker's watchdog"
-                self._mark_kill(run.run_id, "hang", detail)
-                self.backend.cancel(run.backend_id)
-                st = self.backend.status(run.backend_id)
-                events.append(self._finish(run, st, idle=idle))
+                return events + [self._kill(run, "hang", detail, idle)]
+            if run.prune_below is not None:
+                partial = self.partial_throughput(run.run_id)
+                if partial is not None and partial[1] >= EARLY_ABORT_STEPS and partial[0] < run.prune_below:
+                    detail = (f"early abort: {partial[0]:.6g} tokens/s/GPU over {partial[1]} measured steps, below "
+                              f"the threshold {run.prune_below:.6g}")
+                    return events + [self._kill(run, "pruned", detail, idle)]
         return events
+
+    def _kill(self, run: RunState, why: str, detail: str, idle: float | None) -> str:
+        assert run.backend_id is not None
+        self._mark_kill(run.run_id, why, detail)
+        self.backend.cancel(run.backend_id)
+        st = self.backend.status(run.backend_id)
+        return self._finish(run, st, idle=idle)
+
+    def partial_throughput(self, run_id: str) -> tuple[float, int] | None:
+        """(tokens/s/GPU over the measured steps logged so far, how many), for the early abort."""
+        from attune.measure import windowed_throughput
+        from attune.metrics import MetricsInputError, get_parser
+
+        path = self.control.run_dir(run_id) / "log.txt"
+        if not path.exists():
+            return None
+        try:
+            parsed = get_parser(self.spec.framework).read(path)
+        except (MetricsInputError, OSError):
+            return None
+        first, last = self.spec.workload.window
+        times = [parsed.steps[i].step_time_ms for i in sorted(parsed.steps) if first + 1 <= i <= last + 1]
+        times_s = [t / 1000.0 for t in times if t is not None and t > 0]
+        if not times_s:
+            return None
+        tokens = [float(self.spec.workload.tokens)] * len(times_s)
+        return windowed_throughput(tokens, times_s, self.spec.cluster.gpus), len(times_s)
 
     def _finish(self, run: RunState, st: JobStatus, idle: float | None = None) -> str:
         kill = self._kill_record(run.run_id) or {}
@@ -172,7 +202,10 @@ class CampaignHandle:
         result = self.control.finish(run.run_id, facts)
         return f"{run.run_id}: finished {result.get('outcome')} ({result.get('reason')})"
 
-    def cancel(self, run_id: str) -> dict[str, Any]:
+    def cancel(self, run_id: str, why: str = "cancelled") -> dict[str, Any]:
+        """Stop a run now. `why`: cancelled (by the agent) or pruned (a tuner's early abort)."""
+        if why not in ("cancelled", "pruned"):
+            raise FileAccessError("bad_request", f"reason must be cancelled or pruned, got {why!r}")
         with self._lock:
             state = self.control.state()
             run = state.runs.get(run_id)
@@ -180,13 +213,14 @@ class CampaignHandle:
                 raise NotFound(run_id)
             if run.status == "finished":
                 return {"run_id": run_id, "cancelled": False, "reason": f"the run already finished ({run.outcome})"}
-            self._mark_kill(run_id, "cancelled", "cancelled through the broker")
+            self._mark_kill(run_id, why, "cancelled through the broker" if why == "cancelled"
+                            else "stopped early by the tuner's early abort")
             if run.backend_id is not None:
                 self.backend.cancel(run.backend_id)
                 st = self.backend.status(run.backend_id)
                 self._finish(run, st)
             else:
-                self.control.finish(run_id, JobFacts(state="cancelled", killed_for="cancelled",
+                self.control.finish(run_id, JobFacts(state="cancelled", killed_for=why,
                                                      reason="cancelled before submission"))
             run = self.control.state().runs[run_id]
             return {"run_id": run_id, "cancelled": True, "outcome": run.outcome,

@@ -392,7 +392,7 @@ def _run_status(b: Broker, h: CampaignHandle, p: dict[str, Any], q: Any, body: A
 
 
 def _cancel(b: Broker, h: CampaignHandle, p: dict[str, Any], q: Any, body: Any) -> tuple[int, dict[str, Any], str | None]:
-    out = h.cancel(p["run_id"])
+    out = h.cancel(p["run_id"], str((body or {}).get("reason") or "cancelled"))
     return 200, out, f"cancel: {out.get('reason') or out.get('outcome')}"
 
 
