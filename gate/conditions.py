@@ -24,13 +24,15 @@ def _is_set(v: Any) -> bool:
 
 
 def _compare(op: str, actual: Any, expected: Any) -> bool:
+    if actual is not _MISSING:
+        actual = names.normalize(actual)  # a resolved block prints None, True, 4 as text
     if op == "set":
         return _is_set(actual)
     if op == "unset":
         return not _is_set(actual)
     if actual is _MISSING:
         return False
-    a = names.normalize(actual)
+    a = actual
     if op == "eq":
         return a == names.normalize(expected)
     if op == "ne":

@@ -349,3 +349,11 @@ def test_pins_that_are_off_hold_when_the_attribute_is_absent():
     r = check_resolved(loaded, {"micro_batch_size": 1, "world_size": 128, "seq_length": 4096},
                        {"micro_batch_size": 1, "world_size": 128, "seq_length": 4096, "tp_comm_overlap": True})
     assert _refused(r)["tp_comm_overlap"].klass == "frozen"
+
+
+def test_conditions_read_printed_values_from_a_resolved_block():
+    c = _cond({"arg": "a", "op": "set"})
+    assert conditions.evaluate(c, {"a": "None"}, {}) is False
+    assert conditions.evaluate(c, {"a": "False"}, {}) is False
+    assert conditions.evaluate(c, {"a": "4"}, {}) is True
+    assert conditions.evaluate(_cond({"arg": "a", "op": "ge", "value": 4}), {"a": "8"}, {}) is True

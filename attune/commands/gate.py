@@ -6,6 +6,7 @@
     attune gate explain ARG --model M [--json]
     attune gate lists [--json]
     attune gate validate [--json]            (tinygpt runs with known answers)
+    attune gate component [--compile] [--json]   (tinygpt component tests against the lists)
 
 Exit codes: 0 the candidate passes, 1 it is refused/rejected, 2 bad input.
 The JSON shapes are documented in docs/gate.md.
@@ -19,7 +20,7 @@ from typing import Any
 
 from attune.errors import EXIT_FAILED, EXIT_OK, UsageError
 from attune.output import add_json_flag, emit_json
-from gate import config_check, convergence, inputs, lists
+from gate import config_check, convergence, inputs, lists, validate
 
 
 def register(subparsers: Any) -> None:
@@ -64,15 +65,7 @@ def register(subparsers: Any) -> None:
     add_json_flag(p)
     p.set_defaults(func=run_lists)
 
-    _register_validate(sub)
-
-
-def _register_validate(sub: Any) -> None:
-    try:
-        from gate import validate
-    except ImportError:  # pragma: no cover - the validation needs torch and the tinygpt example
-        return
-    validate.register_cli(sub)
+    validate.register_cli(sub)  # `gate validate` and `gate component` (tinygpt runs; torch imported lazily)
 
 
 def _add_list_args(p: argparse.ArgumentParser) -> None:
