@@ -24,11 +24,11 @@ def _hint(missing):
         steps.append("start the campaign (attune init, or the broker's start tool)")
     if "budget is not spent" in text:
         steps.append("keep searching through the broker's tools, or, if the search is done, record a stop "
-                     "with evidence (record_stop: the leader, the levers tested, the last diagnosis)")
+                     "with evidence (the broker's record_stop: the levers tested and the last diagnosis)")
     if "in flight" in text:
-        steps.append("wait for the runs in flight to finish (or cancel them through the broker)")
+        steps.append("wait for the runs in flight to finish (run_status), or cancel_run those that no longer matter")
     if "shipping step" in text:
-        steps.append("then run the shipping step (the gate checks the best candidates and ships one)")
+        steps.append("run the shipping step (the gate checks the best candidates, fastest first, and one ships)")
     return "; ".join(steps)
 
 
