@@ -4,7 +4,7 @@ One headless session (`claude -p --plugin-dir <repo>`) in a tinygpt campaign on 
 (real PyTorch training processes on this machine):
 - the plugin loads and its four MCP servers connect;
 - the PreToolUse hook, inside the real client, refuses a network command and an edit of the
-  correctness list, and allows a read-only command;
+  correctness list, and allows a read-only command and the skill's own script;
 - the scripted agent calibrates the baseline and launches a candidate through the broker tools,
   waits for it, and reads its metrics through the metrics server;
 - its first attempt to end the session is blocked by the Stop hook with the hook's reason; after
@@ -109,6 +109,9 @@ def test_campaign_session(claude: str, campaign: tuple[Path, str], tmp_path: Pat
         seen["edit_list"] = (a.out, a.is_error)
         yield from a.call("Bash", {"command": "ls", "description": "list the campaign"})
         seen["ls"] = (a.out, a.is_error)
+        script_path = ROOT / "skills" / "attune" / "scripts" / "levers.py"
+        yield from a.call("Bash", {"command": f"python3 {script_path} --search overlap", "description": "levers"})
+        seen["skill_script"] = (a.out, a.is_error)
         # Calibrate the baseline through the broker, then launch one candidate.
         for _ in range(60):
             yield from a.call(mcp("broker", "campaign_status"), {})
@@ -163,6 +166,7 @@ def test_campaign_session(claude: str, campaign: tuple[Path, str], tmp_path: Pat
     out, err = seen["edit_list"]
     assert err and "never writable" in out, out
     assert not seen["ls"][1] and "campaign.yaml" in seen["ls"][0]
+    assert not seen["skill_script"][1], seen["skill_script"][0]  # the skill's own script runs
     assert seen["calibration"]["band"] is not None, seen["calibration"]
     out, err = seen["launch"]
     assert not err and json.loads(out)["admitted"] is True, out
