@@ -11,7 +11,6 @@ the hook from telling whether this is a campaign session, answers deny: Claude C
 crashed hook's call through.
 """
 
-import json
 import os
 import sys
 
@@ -36,6 +35,8 @@ def _pick_default(question):
 
 
 def _ask_user(payload, campaign):
+    import json
+
     from attune import ledger
 
     tool_input = payload.get("tool_input") or {}
@@ -71,6 +72,10 @@ def main():
         sys.path.insert(0, ROOT)
         from hooks import runtime
 
+        if runtime.outside_by_env():
+            return 0
+        import json
+
         payload = json.loads(raw or "{}")
         if not isinstance(payload, dict):
             raise ValueError("the hook input is not a JSON object")
@@ -102,6 +107,8 @@ def main():
                 runtime.log_decision(campaign, {"event": EVENT, "decision": "deny", "error": repr(exc)})
             except BaseException:
                 pass
+    import json
+
     sys.stdout.write(json.dumps(out) + "\n")
     return 0
 

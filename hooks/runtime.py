@@ -25,7 +25,6 @@ Standard library only.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -55,6 +54,13 @@ def project_dir(payload: dict[str, Any]) -> str:
     return os.getcwd()
 
 
+def outside_by_env() -> bool:
+    """True when the environment alone shows this is no campaign's session (the fast path:
+    Claude Code sets CLAUDE_PROJECT_DIR for hooks, so most sessions need not even parse their input)."""
+    return (not os.environ.get("ATTUNE_CAMPAIGN_DIR") and bool(os.environ.get("CLAUDE_PROJECT_DIR"))
+            and find_campaign({}) is None)
+
+
 def find_campaign(payload: dict[str, Any]) -> str | None:
     """The campaign directory of this session, or None when the session is not a campaign's."""
     explicit = os.environ.get("ATTUNE_CAMPAIGN_DIR")
@@ -74,6 +80,8 @@ def find_campaign(payload: dict[str, Any]) -> str | None:
 
 
 def _scalar(text: str, where: str) -> str:
+    import json
+
     text = text.strip()
     if not text:
         raise PolicyFileError(f"{where}: empty value")
@@ -132,6 +140,8 @@ def _flow_list(text: str, where: str) -> list[str]:
 
 def parse_policy(text: str, name: str = POLICY_FILE) -> dict[str, list[str]]:
     """Parse policy.yaml's subset (or a JSON object); raises PolicyFileError naming the line."""
+    import json
+
     out: dict[str, list[str]] = {}
     if text.lstrip().startswith("{"):
         try:
@@ -206,6 +216,8 @@ def load_policy(campaign: str) -> dict[str, list[str]]:
 
 def log_decision(campaign: str, record: dict[str, Any]) -> None:
     """Append one decision to the campaign's hook log (a single O_APPEND write: no interleaving)."""
+    import json
+
     t = time.time()
     rec = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z", **record}
     data = (json.dumps(rec, ensure_ascii=False, default=str) + "\n").encode("utf-8")
@@ -217,5 +229,7 @@ def log_decision(campaign: str, record: dict[str, Any]) -> None:
 
 
 def clip(text: Any, limit: int = 500) -> str:
+    import json
+
     s = text if isinstance(text, str) else json.dumps(text, default=str)
     return s if len(s) <= limit else s[:limit] + "..."

@@ -9,7 +9,6 @@ it does nothing. On an error the context says the state could not be read (Sessi
 block).
 """
 
-import json
 import os
 import sys
 
@@ -93,6 +92,10 @@ def main():
         sys.path.insert(0, ROOT)
         from hooks import runtime
 
+        if runtime.outside_by_env():
+            return 0
+        import json
+
         payload = json.loads(raw or "{}")
         if not isinstance(payload, dict):
             raise ValueError("the hook input is not a JSON object")
@@ -116,6 +119,8 @@ def main():
         if campaign is None:
             text = f"attune's SessionStart hook failed before it could find the campaign: {exc}"
     out = {"hookSpecificOutput": {"hookEventName": EVENT, "additionalContext": text}}
+    import json
+
     sys.stdout.write(json.dumps(out) + "\n")
     return 0
 

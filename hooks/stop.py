@@ -8,7 +8,6 @@ exactly what is missing. Outside a campaign it does nothing. Any error blocks to
 Claude Code itself ends a session after several consecutive blocks.
 """
 
-import json
 import os
 import sys
 
@@ -40,6 +39,10 @@ def main():
             sys.path.remove(HERE)
         sys.path.insert(0, ROOT)
         from hooks import runtime
+
+        if runtime.outside_by_env():
+            return 0
+        import json
 
         payload = json.loads(raw or "{}")
         if not isinstance(payload, dict):
@@ -73,6 +76,8 @@ def main():
                 runtime.log_decision(campaign, {"event": EVENT, "decision": "block", "error": repr(exc)})
             except BaseException:
                 pass
+    import json
+
     sys.stdout.write(json.dumps(out) + "\n")
     return 0
 

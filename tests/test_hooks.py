@@ -17,9 +17,12 @@ ROOT = Path(__file__).resolve().parents[1]
 HOOKS = ROOT / "hooks"
 
 
-def run_hook(name: str, payload: dict[str, Any] | str, project: Path, **env: str) -> tuple[dict[str, Any] | None, str]:
+def run_hook(name: str, payload: dict[str, Any] | str, project: Path, *, project_env: bool = True,
+             **env: str) -> tuple[dict[str, Any] | None, str]:
     clean = {k: v for k, v in os.environ.items() if k not in ("ATTUNE_CAMPAIGN_DIR", "CLAUDE_PROJECT_DIR")}
-    clean.update({"CLAUDE_PROJECT_DIR": str(project), "CLAUDE_PLUGIN_ROOT": str(ROOT), **env})
+    clean.update({"CLAUDE_PLUGIN_ROOT": str(ROOT), **env})
+    if project_env:
+        clean["CLAUDE_PROJECT_DIR"] = str(project)
     data = payload if isinstance(payload, str) else json.dumps({"cwd": str(project), "session_id": "s1", **payload})
     p = subprocess.run([sys.executable, "-I", "-S", str(HOOKS / f"{name}.py")], input=data, capture_output=True,
                        text=True, env=clean, timeout=30)
@@ -135,8 +138,13 @@ def test_bad_input_or_policy_fails_closed(camp: Path) -> None:
 
 def test_campaign_found_from_a_subdirectory_or_named_explicitly(camp: Path, tmp_path: Path) -> None:
     assert pre("Bash", {"command": "curl x"}, camp / "notes")[0] == "deny"
+    # Without CLAUDE_PROJECT_DIR the hook input's cwd decides.
+    out, _ = run_hook("pre_tool_use", {"tool_name": "Bash", "tool_input": {"command": "curl x"}}, camp,
+                      project_env=False)
+    assert out is not None and out["hookSpecificOutput"]["permissionDecision"] == "deny"
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
+    assert run_hook("stop", {}, elsewhere, project_env=False)[0] is None
     assert pre("Bash", {"command": "curl x"}, elsewhere, ATTUNE_CAMPAIGN_DIR=str(camp))[0] == "deny"
 
 
