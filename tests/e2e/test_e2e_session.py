@@ -2,7 +2,8 @@
 
 One headless session (`claude -p --plugin-dir <repo>`) in a tinygpt campaign on the local backend
 (real PyTorch training processes on this machine):
-- the plugin loads and its four MCP servers connect;
+- the plugin loads, its four MCP servers connect, and the SessionStart hook's campaign state reaches
+  the model;
 - the PreToolUse hook, inside the real client, refuses a network command and an edit of the
   correctness list, and allows a read-only command and the skill's own script;
 - the scripted agent calibrates the baseline and launches a candidate through the broker tools,
@@ -100,6 +101,7 @@ def test_campaign_session(claude: str, campaign: tuple[Path, str], tmp_path: Pat
 
     def script(model: ScriptedModel) -> Iterator[list[Block]]:
         a = Agent(model)
+        seen["context"] = all_text(model.current) + json.dumps(model.current.get("system", ""))
         yield from a.call("Bash", {"command": "curl -s http://example.com", "description": "fetch"})
         seen["curl"] = (a.out, a.is_error)
         yield from a.call("Read", {"file_path": str(gate_list)})
@@ -160,6 +162,8 @@ def test_campaign_session(claude: str, campaign: tuple[Path, str], tmp_path: Pat
     assert {f"plugin:attune:{n}": "connected" for n in SERVERS}.items() <= status.items(), detail
     assert not session.init.get("plugin_errors"), detail
     assert not session.model.errors, detail
+    # The SessionStart hook's campaign state reached the model with the first request.
+    assert "state rebuilt from its ledger" in seen["context"] and "Open items before this session" in seen["context"]
     out, err = seen["curl"]
     assert err and "curl is a network tool" in out, out
     assert not seen["read_list"][1], seen["read_list"][0]
