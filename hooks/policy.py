@@ -62,8 +62,11 @@ WEB_TOOLS = frozenset({"WebFetch", "WebSearch"})
 # Read-only commands: name -> options that would make them write, execute or change state.
 READ_ONLY: dict[str, tuple[str, ...]] = {
     "ls": (), "cat": (), "head": (), "tail": (), "wc": (), "stat": (), "du": (), "df": (),
-    "grep": (), "egrep": (), "fgrep": (), "rg": ("--pre", "--pre-glob"),
-    "find": ("-exec", "-execdir", "-ok", "-okdir", "-delete", "-fprint", "-fprint0", "-fprintf", "-fls"),
+    # following symbolic links while recursing could leave the allow-list: -R, --follow, -L
+    "grep": ("-R", "--dereference-recursive"), "egrep": ("-R", "--dereference-recursive"),
+    "fgrep": ("-R", "--dereference-recursive"), "rg": ("--pre", "--pre-glob", "-L", "--follow"),
+    "find": ("-exec", "-execdir", "-ok", "-okdir", "-delete", "-fprint", "-fprint0", "-fprintf", "-fls", "-L",
+             "-follow"),
     "file": ("-C", "--compile"), "diff": (), "cmp": (), "comm": (), "join": (), "paste": (),
     "sort": ("-o", "--output", "--compress-program"), "uniq": (), "cut": (), "tr": (), "nl": (),
     "column": (), "fold": (), "tac": (), "rev": (), "expand": (), "jq": (), "numfmt": (),
@@ -73,7 +76,7 @@ READ_ONLY: dict[str, tuple[str, ...]] = {
     "which": (), "od": (), "hexdump": (), "strings": (),
 }
 # Commands whose positional arguments are data, not paths (checked only for options).
-NO_PATH_ARGS = frozenset({"echo", "printf", "seq", "sleep", "numfmt", "date", "basename", "dirname"})
+NO_PATH_ARGS = frozenset({"echo", "printf", "seq", "sleep", "numfmt", "basename", "dirname"})
 ATTUNE_READ_ONLY = (("status",), ("ledger", "show"), ("ledger", "verify"), ("validate",), ("schema",),
                     ("--version",), ("--help",), ("-h",))
 
@@ -352,10 +355,14 @@ class Policy:
         if name in READ_ONLY or name in self.extra_commands:
             for a in args:
                 for bad in READ_ONLY.get(name, ()):
+                    short = len(bad) == 2 and bad[0] == "-"
                     if a.text == bad or a.text.startswith(bad + "=") or (
-                        len(bad) == 2 and bad[0] == "-" and a.text.startswith(bad) and not a.text.startswith("--")
+                        # a short option anywhere in a cluster (-nR), conservatively
+                        short and a.text.startswith("-") and not a.text.startswith("--") and bad[1] in a.text[1:]
+                        and name != "find"
                     ):
-                        return deny(f"shell command denied: {name} {bad} writes, runs programs or changes state", subject)
+                        return deny(f"shell command denied: {name} {bad} writes, runs programs, follows links "
+                                    "out of the allow-list or changes state", subject)
             if name == "uniq" and sum(1 for a in args if not a.text.startswith("-")) > 1:
                 return deny("shell command denied: uniq with a second file name writes to it", subject)
             if name == "find":

@@ -113,6 +113,11 @@ DENY: list[str] = [
     "find . -name x -exec cat {} +",
     "rg --pre=sh x .",
     "date -s 2020-01-01",
+    "date -f /etc/passwd",
+    "grep -R secret runs",
+    "grep -nR secret runs",
+    "rg --follow secret runs",
+    "find -L runs -name x",
     # reads outside the allow-list
     "cat /etc/shadow",
     "cat ../../../etc/passwd",
