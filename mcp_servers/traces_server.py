@@ -84,7 +84,7 @@ class RunRow(BaseModel):
 
 class WaitRow(BaseModel):
     what: str = Field(description="pipeline_p2p, all_to_all, tp_collective, cp_collective, dp_reduce, "
-                      "other_comm, memcpy, other_device, data_loading, launch, python, sync_wait")
+                      "other_comm, memcpy, other_device, host_data_loading, host_launch, host_python, sync_wait")
     ms: float = Field(description="mean per step")
     pct: float = Field(description="percent of the step")
 

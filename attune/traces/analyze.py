@@ -115,9 +115,9 @@ def _stage_from_groups(rank: int | None, pg_config: list[dict[str, Any]]) -> int
 _WAIT_FIELDS = (
     ("memcpy", "memcpy_exposed_us"),
     ("other_device", "other_exposed_us"),
-    ("data_loading", "data_loading_us"),
-    ("launch", "launch_us"),
-    ("python", "python_us"),
+    ("host_data_loading", "data_loading_us"),
+    ("host_launch", "launch_us"),
+    ("host_python", "python_us"),
     ("sync_wait", "sync_wait_us"),
 )
 

@@ -45,7 +45,7 @@ from attune.traces.classify import (
     group_dim_from_desc,
     host_class,
 )
-from attune.traces.reader import Event, TraceReader
+from attune.traces.reader import Args, Event, TraceReader
 
 __all__ = ["HtaFigures", "RankCollector", "RankResult", "StepBreakdown", "analyze_rank", "read_rank"]
 
@@ -108,6 +108,7 @@ class RankCollector:
         self.op_stats: dict[str, _NameStat] = {}
         self.comm_keys: dict[tuple[Any, ...], int] = {}
         self.tids: dict[Any, int] = {}
+        self._infos: dict[tuple[str, str], tuple[Any, ...]] = {}
         self.min_ts = math.inf
         self.max_end = -math.inf
         self.events = 0
@@ -124,9 +125,50 @@ class RankCollector:
             idx = self.tids[tid] = len(self.tids)
         return idx
 
+    def _info(self, cat: str, name: str) -> tuple[Any, ...]:
+        """Everything about an event that depends only on its category and name (cached)."""
+        hta_cls = device_class(name)
+        own_cls = DeviceClass.OTHER if cat == "cuda_sync" else hta_cls
+        step_num = None
+        coll = None
+        if cat in ("user_annotation", "cpu_op"):
+            m = _STEP_RE.match(name) if name.startswith("ProfilerStep") else None
+            if m is not None:
+                step_num = int(m.group(1))
+            else:
+                coll = cpu_comm_collective(name)
+        info = (
+            cat not in _NOT_DEVICE_CATS,  # 0: may be a device event
+            int(hta_cls),  # 1
+            int(own_cls),  # 2
+            "ProfilerStep" in name,  # 3
+            name in _SYNC_EVENT_NAMES,  # 4
+            host_class(cat, name),  # 5
+            step_num,  # 6
+            coll,  # 7
+            cat == "cpu_op",  # 8
+        )
+        self._infos[(cat, name)] = info
+        return info
+
+    def _comm_args(self, name: str, coll: str | None, a: Args | None) -> int:
+        if a is None:
+            return self._comm_key((name, coll, None, None, None))
+        if not coll:  # none from the name: take the event's own "Collective name"
+            coll = a.collective or coll
+        ranks = str(a.pg_ranks) if a.pg_ranks is not None else None
+        return self._comm_key((name, coll, a.pg_name, a.pg_desc, ranks))
+
     def add(self, batch: Iterable[Event]) -> None:  # noqa: C901 - one pass, kept flat for speed
+        infos = self._infos
         kernel_stats = self.kernel_stats
         op_stats = self.op_stats
+        min_ts, max_end, count = self.min_ts, self.max_end, 0
+        d_ts, d_end, d_cls, d_hta, d_corr, d_comm = (
+            self.d_ts, self.d_end, self.d_cls, self.d_hta_cls, self.d_corr, self.d_comm,
+        )
+        c_ts, c_end, c_tid = self.c_ts, self.c_end, self.c_tid
+        tids = self.tids
         for e in batch:
             if e.ph != "X":
                 continue
@@ -135,51 +177,50 @@ class RankCollector:
             cat = e.cat
             if ts is None or dur is None or cat is None or cat == "Trace":
                 continue
-            self.events += 1
+            count += 1
             end = ts + dur
-            if ts < self.min_ts:
-                self.min_ts = ts
-            if end > self.max_end:
-                self.max_end = end
-            name = e.name if isinstance(e.name, str) else ("" if e.name is None else str(e.name))
+            if ts < min_ts:
+                min_ts = ts
+            if end > max_end:
+                max_end = end
+            name = e.name
+            if type(name) is not str:
+                name = "" if name is None else str(name)
+            info = infos.get((cat, name))
+            if info is None:
+                info = self._info(cat, name)
             a = e.args
-            stream = _stream_int(a.stream) if a is not None else -1
-            corr = a.correlation if a is not None and a.correlation is not None else -1
-            if "ProfilerStep" in name:
+            if a is None:
+                stream = corr = -1
+            else:
+                stream = a.stream
+                if stream is None:
+                    stream = -1
+                elif type(stream) is not int:
+                    stream = _stream_int(stream)
+                corr = a.correlation
+                if corr is None:
+                    corr = -1
+            if info[3]:
                 self.step_names.add(name)
-            if stream >= 0 and cat not in _NOT_DEVICE_CATS:
-                hta_cls = device_class(name)
-                cls = DeviceClass.OTHER if cat == "cuda_sync" else hta_cls
-                self.d_ts.append(ts)
-                self.d_end.append(end)
-                self.d_cls.append(cls)
-                self.d_hta_cls.append(hta_cls)
-                self.d_corr.append(corr)
-                if cls == DeviceClass.COMM:
-                    self.d_comm.append(
-                        self._comm_key(
-                            (
-                                name,
-                                a.collective if a is not None else None,
-                                a.pg_name if a is not None else None,
-                                a.pg_desc if a is not None else None,
-                                str(a.pg_ranks) if a is not None and a.pg_ranks is not None else None,
-                            )
-                        )
-                    )
-                else:
-                    self.d_comm.append(-1)
+            if stream >= 0 and info[0]:
+                d_ts.append(ts)
+                d_end.append(end)
+                d_cls.append(info[2])
+                d_hta.append(info[1])
+                d_corr.append(corr)
+                d_comm.append(self._comm_args(name, None, a) if info[2] == DeviceClass.COMM else -1)
                 st = kernel_stats.get(name)
                 if st is None:
-                    st = kernel_stats[name] = _NameStat(cls=int(cls))
+                    st = kernel_stats[name] = _NameStat(cls=info[2])
                 st.count += 1
                 st.total += dur
                 if corr >= 0:
                     continue  # a device event; HTA's CPU side excludes it
             # host side (as HTA sees it: everything that is not a correlated device event)
-            if name in _SYNC_EVENT_NAMES:
+            if info[4]:
                 continue
-            if "ProfilerStep" in name and ts > self.hta_last_step_start:
+            if info[3] and ts > self.hta_last_step_start:
                 self.hta_last_step_start = ts
             if stream >= 0:
                 continue  # an uncorrelated device event, counted above
@@ -187,47 +228,31 @@ class RankCollector:
                 self.l_corr.append(corr)
                 self.l_ts.append(ts)
                 self.l_tid.append(self._tid(e.tid))
-            hc = host_class(cat, name)
-            if hc is not None:
+            if info[5] is not None:
                 self.h_ts.append(ts)
                 self.h_end.append(end)
-                self.h_cls.append(hc)
-            if cat == "user_annotation" or cat == "cpu_op":
-                m = _STEP_RE.match(name) if name.startswith("ProfilerStep") else None
-                if m is not None:
-                    num = int(m.group(1))
-                    prev = self.steps.get(num)
-                    if prev is None or end - ts > prev[1] - prev[0]:
-                        self.steps[num] = (ts, end)
-                    continue
-                coll = cpu_comm_collective(name)
-                if coll is not None:
-                    if coll == "" and a is not None and a.collective:
-                        coll = a.collective
-                    self.x_ts.append(ts)
-                    self.x_end.append(end)
-                    self.x_tid.append(self._tid(e.tid))
-                    self.x_comm.append(
-                        self._comm_key(
-                            (
-                                name,
-                                coll,
-                                a.pg_name if a is not None else None,
-                                a.pg_desc if a is not None else None,
-                                str(a.pg_ranks) if a is not None and a.pg_ranks is not None else None,
-                            )
-                        )
-                    )
-                    continue
-                if cat == "cpu_op":
-                    self.c_ts.append(ts)
-                    self.c_end.append(end)
-                    self.c_tid.append(self._tid(e.tid))
-                    st = op_stats.get(name)
-                    if st is None:
-                        st = op_stats[name] = _NameStat()
-                    st.count += 1
-                    st.total += dur
+                self.h_cls.append(info[5])
+            if info[6] is not None:
+                prev = self.steps.get(info[6])
+                if prev is None or dur > prev[1] - prev[0]:
+                    self.steps[info[6]] = (ts, end)
+            elif info[7] is not None:
+                self.x_ts.append(ts)
+                self.x_end.append(end)
+                self.x_tid.append(self._tid(e.tid))
+                self.x_comm.append(self._comm_args(name, info[7], a))
+            elif info[8]:
+                c_ts.append(ts)
+                c_end.append(end)
+                t = tids.get(e.tid)
+                c_tid.append(t if t is not None else self._tid(e.tid))
+                st = op_stats.get(name)
+                if st is None:
+                    st = op_stats[name] = _NameStat()
+                st.count += 1
+                st.total += dur
+        self.min_ts, self.max_end = min_ts, max_end
+        self.events += count
 
 
 # ----------------------------------------------------------------------------------------
@@ -299,7 +324,6 @@ class RankResult:
     events: int
     events_skipped: int
     bytes_read: int
-    trace_span_us: float
     notes: list[str] = field(default_factory=list)
 
 
@@ -474,10 +498,10 @@ def _top(stats: dict[str, _NameStat], n: int, with_class: bool) -> list[dict[str
     return out
 
 
-def _cpu_compute(c: RankCollector, x_ts: np.ndarray, x_end: np.ndarray) -> iv.Intervals:
+def _cpu_compute(c: RankCollector, base: float) -> iv.Intervals:
     """CPU operators' time on each thread, less that thread's communication, over all threads."""
-    ts, end, tid = _np(c.c_ts), _np(c.c_end), _np(c.c_tid, np.int32)
-    x_tid = _np(c.x_tid, np.int32)
+    ts, end, tid = _np(c.c_ts) - base, _np(c.c_end) - base, _np(c.c_tid, np.int32)
+    x_ts, x_end, x_tid = _np(c.x_ts) - base, _np(c.x_end) - base, _np(c.x_tid, np.int32)
     pieces_s: list[np.ndarray] = []
     pieces_e: list[np.ndarray] = []
     for t in np.unique(tid):
@@ -493,13 +517,12 @@ def _cpu_compute(c: RankCollector, x_ts: np.ndarray, x_end: np.ndarray) -> iv.In
     return iv.merge(np.concatenate(pieces_s), np.concatenate(pieces_e))
 
 
-def _windows(c: RankCollector, lo: float, hi: float) -> tuple[list[int | None], np.ndarray, np.ndarray]:
-    if not c.steps:
-        return [None], np.array([lo]), np.array([hi])
+def _windows(c: RankCollector, base: float) -> tuple[list[int | None], np.ndarray, np.ndarray]:
+    """The profiler steps' windows in time order, each clipped at the next one's start."""
     nums = sorted(c.steps, key=lambda k: c.steps[k][0])
-    starts = np.array([c.steps[k][0] for k in nums])
-    ends = np.array([c.steps[k][1] for k in nums])
-    ends[:-1] = np.minimum(ends[:-1], starts[1:])  # windows must not overlap
+    starts = np.array([c.steps[k][0] for k in nums]) - base
+    ends = np.array([c.steps[k][1] for k in nums]) - base
+    ends[:-1] = np.minimum(ends[:-1], starts[1:])
     return list(nums), starts, ends
 
 
@@ -555,8 +578,7 @@ def analyze_rank(
         oth_sel = d_cls == DeviceClass.OTHER
         layers["other"] = iv.merge(d_ts[oth_sel], d_end[oth_sel])
     else:
-        cpu_compute = _cpu_compute(c, x_ts + base, x_end + base)
-        layers["compute"] = (cpu_compute[0] - base, cpu_compute[1] - base)
+        layers["compute"] = _cpu_compute(c, base)
         keys = list(c.comm_keys)
         x_kind = np.array([resolve(keys[i]) for i in x_comm], dtype=np.int64)
         for k in CommKind:
@@ -580,9 +602,7 @@ def analyze_rank(
 
     # step windows
     if c.steps:
-        nums, ws, we = _windows(c, 0.0, 0.0)
-        ws = ws - base
-        we = we - base
+        nums, ws, we = _windows(c, base)
     else:
         notes.append("no ProfilerStep annotations: the whole trace is treated as one step")
         lo = 0.0
@@ -637,7 +657,6 @@ def analyze_rank(
         events=c.events,
         events_skipped=reader.events_skipped,
         bytes_read=reader.bytes_read,
-        trace_span_us=(c.max_end - c.min_ts) if math.isfinite(c.min_ts) else 0.0,
         notes=notes,
     )
 

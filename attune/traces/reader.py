@@ -27,7 +27,7 @@ import msgspec
 
 __all__ = ["Args", "Event", "TraceFormatError", "TraceReader", "looks_like_trace", "open_binary"]
 
-CHUNK_BYTES = 8 << 20  # read size; a batch holds about this much event text
+CHUNK_BYTES = 2 << 20  # read size; a batch holds about this much event text (larger costs memory, not speed)
 _MAX_VALUE_BYTES = 256 << 20  # a metadata value larger than this is refused
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _WS = b" \t\r\n"
