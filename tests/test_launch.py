@@ -280,3 +280,19 @@ def test_a_changed_spec_is_refused(calibrated: CampaignHandle) -> None:
     assert out["code"] == "spec_changed" and "frozen" in out["reason"]
     with pytest.raises(ControlError, match="changed after the campaign started"):
         Control(d)
+
+
+def test_a_changed_correctness_list_is_refused(tmp_path: Path) -> None:
+    import hashlib
+
+    from tests._broker_helpers import FAKE_LIST
+
+    pin = hashlib.sha256(FAKE_LIST.encode()).hexdigest()
+    d = make_campaign(tmp_path, gate={"lists": "fake.yaml", "list_sha256": pin})
+    h = CampaignHandle(d)
+    assert h.launch(LaunchRequest(kind="calibration"))["admitted"]
+    (d / "fake.yaml").write_text(FAKE_LIST.replace("class: numeric, why: 'the learning rate", "class: structural, "
+                                                   "why: 'the learning rate"))
+    out = h.launch(LaunchRequest(kind="calibration"))
+    assert out["code"] == "gate" and "the campaign pins" in out["reason"]
+    settle(h)
