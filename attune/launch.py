@@ -22,6 +22,7 @@ Two seams stand for other parts of the control plane: `check_candidate` (layer 1
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -138,6 +139,8 @@ class GateVerdict:
 
 # ----------------------------------------------------------------------------------- seams
 
+_LISTS: dict[tuple[str, str], Any] = {}  # (path, sha256) -> the parsed list: a list is parsed once per content
+
 
 def check_candidate(
     spec: CampaignSpec,
@@ -150,15 +153,21 @@ def check_candidate(
 ) -> GateVerdict:
     """Layer 1 of the correctness gate on a candidate recipe, before anything is submitted."""
     from gate.config_check import check_recipe
-    from gate.lists import ListError, load_list
+    from gate.lists import ListError, list_path, load_list
 
     source: str | Path = spec.model
     if spec.gate.lists:
         p = Path(spec.gate.lists)
         source = p if p.is_absolute() else (Path(campaign_dir) / p)
+    pinned = list_sha256 or spec.gate.list_sha256
     try:
-        loaded = load_list(source, expected_sha256=list_sha256 or spec.gate.list_sha256)
-    except ListError as exc:
+        path = list_path(source)
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        loaded = _LISTS.get((str(path), digest))
+        if loaded is None or (pinned is not None and pinned != digest):
+            loaded = load_list(path, expected_sha256=pinned)  # validates (and refuses a changed list)
+            _LISTS[(str(path), loaded.sha256)] = loaded
+    except (ListError, OSError) as exc:
         return GateVerdict(False, f"the correctness list cannot be used: {exc}", [], None)
     result = check_recipe(loaded, baseline_args, candidate_args, baseline_env, candidate_env)
     return GateVerdict(

@@ -280,3 +280,29 @@ def test_a_changed_spec_is_refused(calibrated: CampaignHandle) -> None:
     assert out["code"] == "spec_changed" and "frozen" in out["reason"]
     with pytest.raises(ControlError, match="changed after the campaign started"):
         Control(d)
+
+
+def test_a_changed_correctness_list_is_refused(tmp_path: Path) -> None:
+    import hashlib
+
+    from tests._broker_helpers import FAKE_LIST
+
+    pin = hashlib.sha256(FAKE_LIST.encode()).hexdigest()
+    d = make_campaign(tmp_path, gate={"lists": "fake.yaml", "list_sha256": pin})
+    h = CampaignHandle(d)
+    assert h.launch(LaunchRequest(kind="calibration"))["admitted"]
+    (d / "fake.yaml").write_text(FAKE_LIST.replace("class: numeric, why: 'the learning rate", "class: structural, "
+                                                   "why: 'the learning rate"))
+    out = h.launch(LaunchRequest(kind="calibration"))
+    assert out["code"] == "gate" and "the campaign pins" in out["reason"]
+    settle(h)
+
+
+def test_a_restarted_broker_picks_up_its_runs(calibrated: CampaignHandle) -> None:
+    first = calibrated
+    out = first.launch(_req(search({"--fake-step-ms": 60}, lever="restart")))
+    wait_for(lambda: first.state().runs[out["run_id"]].status == "running", step=first.poll)
+    second = CampaignHandle(first.dir)  # a new broker process: a fresh backend that never saw the job
+    settle(second)
+    run = second.state().runs[out["run_id"]]
+    assert run.outcome == "ok" and run.exit_code == 0 and run.verdict == "slower" and run.charge_gpu_hours > 0
