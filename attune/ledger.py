@@ -42,6 +42,7 @@ ROW_TYPES: dict[str, tuple[str, ...]] = {
     "budget_set": ("gpu_hours", "reason"),
     "launch_admitted": ("run_id", "kind", "expected_gpu_hours"),
     "launch_refused": ("reason",),
+    "run_submitted": ("run_id", "backend_id"),
     "run_started": ("run_id",),
     "run_finished": ("run_id", "outcome", "charge_gpu_hours"),
     "measurement": ("run_id", "tokens_per_s_per_gpu", "valid"),

@@ -34,6 +34,33 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def is_flag_name(k: object) -> bool:
+    """A Megatron-style flag: --name, no spaces."""
+    return isinstance(k, str) and k.startswith("--") and len(k) >= 3 and not any(c.isspace() for c in k)
+
+
+def is_env_name(k: object) -> bool:
+    """An environment variable name: a letter or underscore, then letters, digits, underscores."""
+    return (
+        isinstance(k, str) and bool(k) and (k[0].isalpha() or k[0] == "_") and k.replace("_", "a").isalnum()
+        and k.isascii()
+    )
+
+
+def check_flag_names(v: dict[str, ArgValue]) -> dict[str, ArgValue]:
+    bad = [k for k in v if not is_flag_name(k)]
+    if bad:
+        raise ValueError(f"argument names must look like --flag-name, got {bad}")
+    return v
+
+
+def check_env_names(v: dict[str, str]) -> dict[str, str]:
+    bad = [k for k in v if not is_env_name(k)]
+    if bad:
+        raise ValueError(f"environment variable names must be identifiers, got {bad}")
+    return v
+
+
 class Cluster(_Strict):
     """Where the jobs run. `settings` holds the backend's own options (slots, partition, ...)."""
 
@@ -74,18 +101,12 @@ class Recipe(_Strict):
     @field_validator("args")
     @classmethod
     def _flags_are_flags(cls, v: dict[str, ArgValue]) -> dict[str, ArgValue]:
-        bad = [k for k in v if not k.startswith("--") or len(k) < 3 or " " in k]
-        if bad:
-            raise ValueError(f"argument names must look like --flag-name, got {bad}")
-        return v
+        return check_flag_names(v)
 
     @field_validator("env")
     @classmethod
     def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
-        bad = [k for k in v if not k or not (k[0].isalpha() or k[0] == "_") or not k.replace("_", "a").isalnum()]
-        if bad:
-            raise ValueError(f"environment variable names must be identifiers, got {bad}")
-        return v
+        return check_env_names(v)
 
 
 class Workload(_Strict):
@@ -162,6 +183,77 @@ class Gate(_Strict):
     convergence_steps: int = Field(20, ge=5, description="steps of each correctness check run")
 
 
+# Environment variables a candidate may change (glob patterns); the gate classifies them further.
+DEFAULT_ENV_ALLOWLIST = (
+    "NCCL_*",
+    "TORCH_NCCL_*",
+    "NVTE_*",
+    "CUDA_DEVICE_MAX_CONNECTIONS",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "OMP_NUM_THREADS",
+)
+
+
+class StackFixes(_Strict):
+    """Fixed arguments and environment every job of the campaign gets; no candidate may change them."""
+
+    args: dict[str, ArgValue] = Field(
+        default_factory=dict, description="flag -> value added to every job (placeholders allowed)"
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="environment variables added to every job")
+    notes: str | None = Field(None, description="why each fix exists, for people")
+
+    @field_validator("args")
+    @classmethod
+    def _flags(cls, v: dict[str, ArgValue]) -> dict[str, ArgValue]:
+        return check_flag_names(v)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_env_names(v)
+
+
+class Control(_Strict):
+    """How the control plane and its broker run jobs: time-outs, the run generator's allowlist, fixes."""
+
+    workdir: str | None = Field(
+        None, description="jobs' working directory, relative to the campaign directory; default: attune's source root"
+    )
+    env_allowlist: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_ENV_ALLOWLIST),
+        description="environment variables (glob patterns) a candidate may set or unset",
+    )
+    stack_fixes: StackFixes = Field(default_factory=StackFixes)
+    hang_timeout_s: float = Field(1800.0, gt=0, description="a running job with no log progress this long is a hang")
+    poll_interval_s: float = Field(5.0, gt=0, description="how often the broker checks running jobs")
+    time_limit_s: float | None = Field(None, gt=0, description="wall-clock limit of one job, where the backend has one")
+    expected_run_gpu_hours: float | None = Field(
+        None, gt=0, description="expected cost of one run until runs have finished (then their mean is used)"
+    )
+    profile_args: dict[str, ArgValue] = Field(
+        default_factory=lambda: {"--profile": True}, description="arguments a profiled run adds"
+    )
+    profile_extra_steps: int = Field(3, ge=0, description="steps a profiled run adds after the window (for its cost)")
+    image_roots: dict[str, str] = Field(
+        default_factory=dict,
+        description="local backend: name -> directory (relative to workdir) the agent may read as the training image",
+    )
+
+    @field_validator("profile_args")
+    @classmethod
+    def _profile_flags(cls, v: dict[str, ArgValue]) -> dict[str, ArgValue]:
+        return check_flag_names(v)
+
+    @field_validator("env_allowlist")
+    @classmethod
+    def _patterns(cls, v: list[str]) -> list[str]:
+        bad = [p for p in v if not p or any(c.isspace() for c in p)]
+        if bad:
+            raise ValueError(f"allowlist entries must be non-empty names or glob patterns, got {bad}")
+        return v
+
+
 class CampaignSpec(_Strict):
     """A tuning campaign: one model, one cluster, a fixed GPU count, a budget."""
 
@@ -175,6 +267,7 @@ class CampaignSpec(_Strict):
     calibration: Calibration = Field(default_factory=Calibration)
     band: Band = Field(default_factory=Band)
     gate: Gate = Field(default_factory=Gate)
+    control: Control = Field(default_factory=Control)
     search_space: dict[str, list[ArgValue]] = Field(
         default_factory=dict, description="flag -> candidate values, for the built-in tuners"
     )

@@ -53,6 +53,18 @@ class RunState:
     verdict: str | None = None
     admitted_seq: int | None = None
     finished_seq: int | None = None
+    recipe_key: str | None = None  # identity of the recipe (identical recipes are refused)
+    base_run_id: str | None = None  # the run whose recipe the changes were applied to
+    retry_of: str | None = None  # the infrastructure failure this run retries
+    code_locations: dict[str, str] = field(default_factory=dict)
+    backend_id: str | None = None
+    nodes: list[str] = field(default_factory=list)
+    started_at: float | None = None  # epoch seconds the cluster admitted the job
+    ended_at: float | None = None  # epoch seconds it released its resources
+    exit_code: int | None = None
+    reason: str | None = None  # why it ended as it did, in words
+    recipe_failure: bool = False  # a retried infrastructure failure that failed again on other nodes
+    prune_below: float | None = None  # early abort: stop the run if its throughput falls below this
 
 
 @dataclass
@@ -217,6 +229,11 @@ class CampaignState:
             expected_gpu_hours=float(d["expected_gpu_hours"]),
             profile=bool(d.get("profile", False)),
             admitted_seq=row.seq,
+            recipe_key=d.get("recipe_key"),
+            base_run_id=d.get("base_run_id"),
+            retry_of=d.get("retry_of"),
+            code_locations=dict(d.get("code_locations") or {}),
+            prune_below=d.get("prune_below"),
         )
         if run.run_id in self.runs:
             raise ledger_mod.LedgerError(f"row {row.seq}: run {run.run_id!r} admitted twice")
@@ -225,12 +242,22 @@ class CampaignState:
 
     def _on_launch_refused(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
         self.launches_refused += 1
-        self.refusals.append({"seq": row.seq, "reason": d["reason"], "changes": d.get("changes")})
+        self.refusals.append(
+            {"seq": row.seq, "reason": d["reason"], "code": d.get("code"), "changes": d.get("changes")}
+        )
+
+    def _on_run_submitted(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
+        run = self._run(d["run_id"], row)
+        run.backend_id = str(d["backend_id"])
 
     def _on_run_started(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
         run = self._run(d["run_id"], row)
         if run.status == "admitted":
             run.status = "running"
+        if d.get("started_at") is not None:
+            run.started_at = float(d["started_at"])
+        if d.get("nodes"):
+            run.nodes = list(d["nodes"])
 
     def _on_run_finished(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
         run = self._run(d["run_id"], row)
@@ -242,6 +269,15 @@ class CampaignState:
         charge = float(d["charge_gpu_hours"])
         run.charge_gpu_hours = charge
         run.charged_to = d.get("charged_to", "budget")
+        run.exit_code = d.get("exit_code")
+        run.reason = d.get("reason")
+        run.recipe_failure = bool(d.get("recipe_failure", False))
+        if d.get("started_at") is not None:
+            run.started_at = float(d["started_at"])
+        if d.get("ended_at") is not None:
+            run.ended_at = float(d["ended_at"])
+        if d.get("nodes"):
+            run.nodes = list(d["nodes"])
         self.budget.in_flight = max(0.0, self.budget.in_flight - run.expected_gpu_hours)
         if run.charged_to == "infra":
             self.budget.infra_charged += charge

@@ -46,6 +46,7 @@ class JobSpec:
     gpus_per_node: int
     time_limit_s: float | None = None
     image: str | None = None  # container image, where the backend runs containers
+    exclude_nodes: tuple[str, ...] = ()  # nodes not to run on (the retry of an infrastructure failure)
 
     @property
     def nodes(self) -> int:

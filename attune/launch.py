@@ -1,0 +1,616 @@
+"""The control plane's launch path: admission, charging, scoring and promotion, every step a ledger row.
+
+One `Control` per campaign directory. The broker service drives it:
+
+    admit(request)          run generator -> gate layer 1 -> (under the campaign lock) identical-recipe
+                            rule -> concurrency and budget admission -> `launch_admitted`, or
+                            `launch_refused` with the reason; writes runs/<id>/job.json
+    record_submitted(...)   `run_submitted` (the backend's id for the job)
+    record_started(...)     `run_started` (the cluster admitted the job: charging starts here)
+    finish(run_id, facts)   (under the campaign lock) the metrics reader scores the log, the run is
+                            classified and charged GPUs x (release - admission) -> `run_finished`,
+                            `measurement`, then `calibration_run` (+ `budget_set` once calibration
+                            is complete) or `leader_changed` when the promotion rule says so
+
+Admission is atomic across threads and processes: it holds an exclusive flock on
+`<campaign>/.control.lock` around "fold the ledger -> check -> append", so concurrent launch
+requests can never together overrun the budget or the concurrency limit.
+
+Two seams stand for other parts of the control plane: `check_candidate` (layer 1 of the gate) and
+`score_run` (the metrics reader).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import statistics
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+import attune
+from attune import ledger as ledger_mod
+from attune.campaign import campaign_lock
+from attune.measure import gpu_hours
+from attune.rungen import Candidate, Changes, ResolvedJob, RunGenerator, RunGenError, parse_changes
+from attune.spec import CampaignSpec, load_spec, spec_sha256
+from attune.state import CampaignState, RunState, fold
+
+RUNS_DIR = "runs"
+FAILED_OUTCOMES = ("oom", "hang", "crash", "infrastructure")
+EARLY_ABORT_STEPS = 4  # measured steps before an early abort may judge a run
+SOURCE_ROOT = Path(attune.__file__).resolve().parents[1]
+
+
+class ControlError(Exception):
+    """The campaign cannot be driven as it is (not started, spec changed, bad configuration)."""
+
+
+# ----------------------------------------------------------------------------------- requests
+
+
+class LaunchRequest(BaseModel):
+    """What the agent (or the launcher) asks for."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["search", "calibration"] = Field("search", description="search candidate or baseline calibration")
+    changes: dict[str, Any] = Field(
+        default_factory=dict, description='{"args": {"--flag": value|null}, "env": {"NAME": "value"|null}}'
+    )
+    base: str = Field("leader", description="apply the changes to: leader, baseline, or a run id")
+    hypothesis: str | None = Field(None, max_length=4000)
+    lever: str | None = Field(None, max_length=200)
+    expected_gain: float | None = Field(None, description="expected relative gain, e.g. 0.05 for 5%")
+    code_locations: dict[str, str] = Field(
+        default_factory=dict, description="flag -> where the running image implements it (path:line)"
+    )
+    profile: bool = False
+    prune_below: float | None = Field(None, gt=0, description=(
+        "early abort (black-box tuners): stop the run once EARLY_ABORT_STEPS measured steps run below this "
+        "many tokens/s/GPU"))
+
+
+@dataclass
+class Admission:
+    """The answer to a launch request."""
+
+    admitted: bool
+    code: str | None = None  # refusal code (stable word), None when admitted
+    reason: str | None = None  # what to change, in words
+    run_id: str | None = None
+    kind: str | None = None
+    expected_gpu_hours: float | None = None
+    changes: dict[str, Any] | None = None
+    retry_of: str | None = None
+    exclude_nodes: list[str] = field(default_factory=list)
+    recipe_key: str | None = None
+    job: ResolvedJob | None = None
+    gate: dict[str, Any] | None = None
+    budget: dict[str, Any] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("job")
+        return out
+
+
+@dataclass
+class JobFacts:
+    """What the backend (and the broker's watchdog) know about a job that ended."""
+
+    state: str  # broker.backends.base.JobState value
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    nodes: list[str] = field(default_factory=list)
+    killed_for: str | None = None  # "hang" or "cancelled" when the broker stopped it
+    reason: str | None = None
+    seconds_since_progress: float | None = None
+
+
+@dataclass
+class Score:
+    """The metrics reader's verdict on one log."""
+
+    tokens_per_s_per_gpu: float | None
+    valid: bool
+    invalid_reasons: list[str]
+    failure_class: str  # ok | oom | hang | crash | infrastructure
+    failure_reason: str
+    last_iteration: int | None = None
+
+
+@dataclass
+class GateVerdict:
+    passed: bool
+    summary: str
+    refusals: list[dict[str, Any]]
+    list_sha256: str | None
+
+
+# ----------------------------------------------------------------------------------- seams
+
+_LISTS: dict[tuple[str, str], Any] = {}  # (path, sha256) -> the parsed list: a list is parsed once per content
+
+
+def check_candidate(
+    spec: CampaignSpec,
+    campaign_dir: Path,
+    list_sha256: str | None,
+    baseline_args: Mapping[str, Any],
+    candidate_args: Mapping[str, Any],
+    baseline_env: Mapping[str, str],
+    candidate_env: Mapping[str, str],
+) -> GateVerdict:
+    """Layer 1 of the correctness gate on a candidate recipe, before anything is submitted."""
+    from gate.config_check import check_recipe
+    from gate.lists import ListError, list_path, load_list
+
+    source: str | Path = spec.model
+    if spec.gate.lists:
+        p = Path(spec.gate.lists)
+        source = p if p.is_absolute() else (Path(campaign_dir) / p)
+    pinned = list_sha256 or spec.gate.list_sha256
+    try:
+        path = list_path(source)
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        loaded = _LISTS.get((str(path), digest))
+        if loaded is None or (pinned is not None and pinned != digest):
+            loaded = load_list(path, expected_sha256=pinned)  # validates (and refuses a changed list)
+            _LISTS[(str(path), loaded.sha256)] = loaded
+    except (ListError, OSError) as exc:
+        return GateVerdict(False, f"the correctness list cannot be used: {exc}", [], None)
+    result = check_recipe(loaded, baseline_args, candidate_args, baseline_env, candidate_env)
+    return GateVerdict(
+        result.passed, result.summary(), [r.model_dump() for r in result.refusals], result.list_sha256
+    )
+
+
+def score_run(
+    spec: CampaignSpec, log_path: Path, *, exit_code: int | None, seconds_since_progress: float | None
+) -> Score:
+    """The metrics reader on one run's log: windowed throughput, validity and failure class."""
+    from attune.metrics import MetricsInputError, read_metrics
+
+    if not log_path.exists():
+        return Score(None, False, ["the job wrote no log"], "infrastructure", "no log file: the job never started")
+    try:
+        m = read_metrics(
+            log_path,
+            framework=spec.framework,
+            gpus=spec.cluster.gpus,
+            window=tuple(spec.workload.window),
+            seq_length=spec.workload.seq_length,
+            global_batch_size=spec.workload.global_batch,
+            exit_status=exit_code,
+            seconds_since_progress=seconds_since_progress,
+            hang_after_s=spec.control.hang_timeout_s,
+        )
+    except (MetricsInputError, OSError) as exc:
+        failure = "crash" if exit_code not in (None, 0) else "ok"
+        return Score(None, False, [f"the log cannot be scored: {exc}"], failure, str(exc))
+    tps = m.tokens_per_s_per_gpu
+    if tps is not None and not math.isfinite(tps):
+        tps = None
+    reason = m.verdict.reason
+    if m.verdict.evidence:
+        reason += ": " + m.verdict.evidence[0].text.strip()[:300]
+    return Score(tps, bool(m.valid and tps is not None), list(m.invalid_reasons), m.failure_class,
+                 reason, m.last_iteration)
+
+
+# ----------------------------------------------------------------------------------- control
+
+
+def _slug(text: str | None) -> str:
+    s = re.sub(r"[^a-z0-9]+", "-", (text or "").lower()).strip("-")
+    return s[:24].strip("-")
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 9)
+
+
+class Control:
+    """The control plane of one campaign directory."""
+
+    def __init__(self, campaign_dir: Path | str) -> None:
+        self.dir = Path(campaign_dir).resolve()
+        self.spec: CampaignSpec = load_spec(self.dir / "campaign.yaml")
+        self.spec_sha256 = spec_sha256(self.dir / "campaign.yaml")
+        self.ledger = ledger_mod.Ledger(self.dir)
+        self.gen = RunGenerator(self.spec)
+        problems = self.gen.check_baseline()
+        if problems:
+            raise ControlError("the campaign's baseline contradicts its workload: " + "; ".join(problems))
+        state = self.state()
+        if state.name is None:
+            raise ControlError(f"campaign {self.dir} has not started (run `attune init {self.dir}` first)")
+        if state.spec_sha256 != self.spec_sha256:
+            raise ControlError(
+                f"{self.dir / 'campaign.yaml'} changed after the campaign started (pinned sha256 "
+                f"{state.spec_sha256}, now {self.spec_sha256}); a campaign's spec is frozen"
+            )
+        wd = self.spec.control.workdir
+        self.workdir = (self.dir / wd).resolve() if wd else SOURCE_ROOT
+        self.runs_dir = self.dir / RUNS_DIR
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def state(self) -> CampaignState:
+        return fold(self.ledger.read().rows)
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.runs_dir / run_id
+
+    # --- costs ------------------------------------------------------------------------------
+    def run_cost(self, state: CampaignState) -> float | None:
+        """The expected cost of one unprofiled run: the mean charge of finished good runs."""
+        done = [r for r in state.runs.values() if r.status == "finished" and r.outcome == "ok" and not r.profile]
+        charges = [r.charge_gpu_hours for r in done if r.kind == "calibration"]
+        if not charges:
+            charges = [r.charge_gpu_hours for r in done if r.kind == "search"]
+        if charges:
+            return statistics.fmean(charges)
+        return self.spec.control.expected_run_gpu_hours
+
+    def expected_cost(self, state: CampaignState, kind: str, profile: bool) -> float | None:
+        base = self.run_cost(state)
+        if base is None:
+            return None
+        w = self.spec.workload
+        if profile:
+            base *= (w.steps_per_run + self.spec.control.profile_extra_steps) / w.steps_per_run
+        if kind == "check":
+            base *= self.spec.gate.convergence_steps / w.steps_per_run
+        return base
+
+    # --- admission --------------------------------------------------------------------------
+    def admit(self, request: LaunchRequest | Mapping[str, Any]) -> Admission:
+        """Decide a launch request. Never raises for a refusal: the Admission says why."""
+        if not isinstance(request, LaunchRequest):
+            request = LaunchRequest.model_validate(request)
+        with campaign_lock(self.dir):
+            state = self.state()
+            try:
+                if spec_sha256(self.dir / "campaign.yaml") != self.spec_sha256:
+                    raise RunGenError("spec_changed", (
+                        "campaign.yaml changed after the campaign started; its spec is frozen (restore it)"))
+                decision = self._decide(state, request)
+            except RunGenError as exc:
+                decision = Admission(False, exc.code, exc.message, kind=request.kind)
+            if not decision.admitted:
+                self.ledger.append("launch_refused", {
+                    "reason": decision.reason, "code": decision.code, "kind": request.kind,
+                    "changes": request.changes, "lever": request.lever, "hypothesis": request.hypothesis,
+                    "profile": request.profile,
+                })
+                decision.budget = state.budget.as_dict()
+                return decision
+            assert decision.job is not None and decision.run_id is not None
+            self._write_job(decision, request)
+            self.ledger.append("launch_admitted", {
+                "run_id": decision.run_id,
+                "kind": request.kind,
+                "expected_gpu_hours": decision.expected_gpu_hours,
+                "changes": decision.changes,
+                "hypothesis": request.hypothesis,
+                "lever": request.lever,
+                "expected_gain": request.expected_gain,
+                "profile": request.profile,
+                "code_locations": dict(request.code_locations),
+                "base_run_id": request.base if request.kind == "search" else "baseline",
+                "recipe_key": decision.recipe_key,
+                "retry_of": decision.retry_of,
+                "prune_below": request.prune_below,
+                "gate": decision.gate,
+                "argv": list(decision.job.argv),
+            })
+            decision.budget = self.state().budget.as_dict()
+            return decision
+
+    def _base_changes(self, state: CampaignState, base: str) -> Changes:
+        if base == "baseline":
+            return Changes()
+        if base == "leader":
+            if state.leader_run_id in (None, "baseline"):
+                return Changes()
+            base = state.leader_run_id
+        run = state.runs.get(base)
+        if run is None or run.kind not in ("search",):
+            raise RunGenError("bad_request", f"base: no search run {base!r} in this campaign (use leader, baseline "
+                              "or the id of one of its search runs)")
+        return Changes(dict(run.changes.get("args") or {}), dict(run.changes.get("env") or {}))
+
+    def _decide(self, state: CampaignState, req: LaunchRequest) -> Admission:
+        spec = self.spec
+        if state.name is None:
+            return Admission(False, "not_started", "the campaign has not started")
+        edits = parse_changes(req.changes)
+        if len(state.in_flight) >= spec.budget.concurrency:
+            return Admission(False, "concurrency", (
+                f"{len(state.in_flight)} run(s) in flight ({', '.join(r.run_id for r in state.in_flight)}) and the "
+                f"campaign allows {spec.budget.concurrency} at once: wait for one to finish"), kind=req.kind)
+        retry_of: str | None = None
+        exclude: list[str] = []
+        if req.kind == "calibration":
+            if not edits.empty or req.profile or req.base not in ("leader", "baseline"):
+                raise RunGenError("bad_request", "a calibration run is the baseline itself: no changes, no profiling")
+            required = state.calibration_runs_required
+            cal_open = sum(1 for r in state.in_flight if r.kind == "calibration")
+            if len(state.calibration_values) + cal_open >= required:
+                return Admission(False, "calibration_full", (
+                    f"calibration needs {required} good baseline runs; {len(state.calibration_values)} done and "
+                    f"{cal_open} in flight"), kind=req.kind)
+            cand = self.gen.candidate(Changes(), Changes(), False)
+        else:
+            missing = [n for n, v in (("hypothesis", req.hypothesis), ("lever", req.lever)) if not (v or "").strip()]
+            if req.expected_gain is None or not math.isfinite(req.expected_gain):
+                missing.append("expected_gain")
+            if missing:
+                raise RunGenError("bad_request", (
+                    f"a search launch states {', '.join(missing)}: the bottleneck it should shrink and the "
+                    "mechanism (hypothesis), the lever it changes, and the expected gain"))
+            if state.stop is not None:
+                return Admission(False, "stopped", "the campaign has recorded a stop; no further search launches",
+                                 kind=req.kind)
+            if state.calibration is None:
+                return Admission(False, "not_calibrated", (
+                    f"the baseline is not calibrated yet ({len(state.calibration_values)}/"
+                    f"{state.calibration_runs_required} calibration runs): launch calibration runs first"),
+                    kind=req.kind)
+            base = self._base_changes(state, req.base)
+            cand = self.gen.candidate(base, edits, req.profile)
+            if cand.changes.empty and not req.profile:
+                raise RunGenError("no_change", (
+                    "the candidate is the baseline recipe itself (its changes cancel out): the baseline is "
+                    "measured by calibration; change a lever"))
+        # Layer 1 of the gate on the candidate recipe (flags and environment, before fixes).
+        verdict = check_candidate(spec, self.dir, state.list_sha256, spec.baseline.args, cand.args,
+                                  spec.baseline.env, cand.env)
+        gate_info = {"passed": verdict.passed, "summary": verdict.summary, "list_sha256": verdict.list_sha256}
+        if not verdict.passed:
+            a = Admission(False, "gate", verdict.summary, kind=req.kind, changes=cand.changes.as_dict())
+            a.gate = {**gate_info, "refusals": verdict.refusals}
+            return a
+        if req.kind == "search":
+            new_flags = [
+                f for f, v in edits.args.items()
+                if v is not None and v is not False and f not in spec.baseline.args
+            ]
+            no_loc = [f for f in new_flags if not (req.code_locations.get(f) or "").strip()]
+            if no_loc:
+                raise RunGenError("code_locations", (
+                    f"record where the running image implements each new flag (code_locations, e.g. "
+                    f"{{\"{no_loc[0]}\": \"path/to/file.py:123\"}}): missing for {', '.join(no_loc)}"))
+            ident = self._identical(state, cand)
+            if ident is not None:
+                if ident[0] == "retry":
+                    retry_of = ident[1]
+                    exclude = list(state.runs[retry_of].nodes)
+                else:
+                    return Admission(False, "identical", ident[1], kind=req.kind)
+        # Budget.
+        expected = self.expected_cost(state, req.kind, req.profile)
+        b = state.budget
+        if req.kind == "search":
+            if b.total is None:
+                return Admission(False, "budget_unset", "the campaign's budget is not set yet", kind=req.kind)
+            if expected is None:
+                return Admission(False, "no_estimate", (
+                    "no run has finished yet, so a launch's cost is unknown: calibrate first or set "
+                    "control.expected_run_gpu_hours"), kind=req.kind)
+        if b.total is not None and expected is not None and expected > (b.search_remaining or 0.0) + 1e-12:
+            return Admission(False, "budget", (
+                f"expected cost {expected:.6g} GPU-h does not fit: {b.search_remaining:.6g} GPU-h left for search "
+                f"(total {b.total:.6g} - charged {b.charged:.6g} - in flight {b.in_flight:.6g} - reserve "
+                f"{b.reserve_left:.6g})"), kind=req.kind, expected_gpu_hours=expected)
+        run_id = self._next_run_id(state, req)
+        run_dir = self.run_dir(run_id)
+        job = self.gen.resolve(cand, run_dir, self.workdir)
+        problems = self.gen.check_shape(job, req.profile)
+        if problems:
+            return Admission(False, "shape", "the job does not match the campaign's pinned shape: " + "; ".join(problems),
+                             kind=req.kind)
+        return Admission(True, run_id=run_id, kind=req.kind, expected_gpu_hours=_round(expected or 0.0),
+                         changes=cand.changes.as_dict(), retry_of=retry_of, exclude_nodes=exclude, job=job,
+                         gate=gate_info, recipe_key=cand.recipe_key)
+
+    def _identical(self, state: CampaignState, cand: Candidate) -> tuple[str, str] | None:
+        """None: a new recipe. ("retry", run_id): one retry of an infrastructure failure. ("refuse", why)."""
+        prior = [r for r in state.runs.values() if r.kind == "search" and r.recipe_key == cand.recipe_key]
+        if not prior:
+            return None
+        open_ = [r for r in prior if r.status != "finished"]
+        if open_:
+            return "refuse", f"an identical recipe is already in flight (run {open_[0].run_id})"
+        infra = [r for r in prior if r.outcome == "infrastructure"]
+        if len(prior) == 1 and len(infra) == 1:
+            return "retry", prior[0].run_id
+        last = prior[-1]
+        if len(infra) >= 2:
+            return "refuse", (
+                f"this recipe failed on infrastructure twice (runs {', '.join(r.run_id for r in infra)}): that "
+                "counts as a recipe failure; diagnose it and change the recipe")
+        tps = f", {last.tokens_per_s_per_gpu:.6g} tokens/s/GPU" if last.tokens_per_s_per_gpu else ""
+        return "refuse", (
+            f"identical to run {last.run_id} (outcome {last.outcome}{tps}): a recipe is measured once, and a "
+            "failed recipe must be diagnosed and changed")
+
+    def _next_run_id(self, state: CampaignState, req: LaunchRequest) -> str:
+        n = len(state.runs) + 1
+        label = "calibration" if req.kind == "calibration" else _slug(req.lever) or "run"
+        run_id = f"r{n:03d}-{label}"
+        while run_id in state.runs or self.run_dir(run_id).exists():
+            n += 1
+            run_id = f"r{n:03d}-{label}"
+        return run_id
+
+    def _write_job(self, decision: Admission, req: LaunchRequest) -> None:
+        job = decision.job
+        assert job is not None
+        job.run_dir.mkdir(parents=True, exist_ok=False)
+        doc = {
+            "run_id": decision.run_id,
+            "campaign": self.name,
+            "kind": req.kind,
+            "profile": req.profile,
+            "changes": decision.changes,
+            "retry_of": decision.retry_of,
+            "exclude_nodes": decision.exclude_nodes,
+            "argv": list(job.argv),
+            "env": job.env,
+            "args": job.args,
+            "gpus": job.gpus,
+            "gpus_per_node": job.gpus_per_node,
+            "image": job.image,
+            "workdir": str(job.workdir),
+            "time_limit_s": self.spec.control.time_limit_s,
+            "request": req.model_dump(),
+        }
+        tmp = job.run_dir / "job.json.tmp"
+        tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+        os.replace(tmp, job.run_dir / "job.json")
+
+    def job_doc(self, run_id: str) -> dict[str, Any]:
+        return json.loads((self.run_dir(run_id) / "job.json").read_text())
+
+    # --- lifecycle rows ---------------------------------------------------------------------
+    def record_submitted(self, run_id: str, backend: str, backend_id: str) -> None:
+        self.ledger.append("run_submitted", {"run_id": run_id, "backend": backend, "backend_id": backend_id})
+
+    def record_started(self, run_id: str, started_at: float, nodes: list[str]) -> None:
+        with campaign_lock(self.dir):
+            run = self.state().runs.get(run_id)
+            if run is None or run.status != "admitted":
+                return
+            self.ledger.append("run_started", {"run_id": run_id, "started_at": started_at, "nodes": list(nodes)})
+
+    # --- finishing --------------------------------------------------------------------------
+    def classify(self, facts: JobFacts, score: Score) -> tuple[str, str]:
+        """The run's outcome and why: the broker's own actions first, then the backend, then the log."""
+        if facts.killed_for == "hang":
+            return "hang", facts.reason or "no log progress: killed by the broker's watchdog"
+        if facts.killed_for == "cancelled":
+            return "cancelled", facts.reason or "cancelled through the broker"
+        if facts.killed_for == "pruned":
+            return "pruned", facts.reason or "stopped early: slower than the early-abort threshold"
+        if facts.state == "infrastructure":
+            return "infrastructure", facts.reason or "the backend reports an infrastructure failure"
+        if facts.state == "timeout":
+            return "hang", facts.reason or "the backend's time limit"
+        if facts.state == "cancelled":
+            return "cancelled", facts.reason or "cancelled outside the broker"
+        return score.failure_class, score.failure_reason
+
+    def finish(self, run_id: str, facts: JobFacts) -> dict[str, Any]:
+        """Score, classify, charge and (maybe) promote a run that ended. Idempotent."""
+        with campaign_lock(self.dir):
+            state = self.state()
+            run = state.runs.get(run_id)
+            if run is None:
+                raise ControlError(f"run {run_id!r} was never admitted in campaign {self.name}")
+            if run.status == "finished":
+                return {"run_id": run_id, "outcome": run.outcome, "already_finished": True}
+            started = facts.started_at if facts.started_at is not None else run.started_at
+            if facts.killed_for in ("cancelled", "pruned") and started is None:
+                score = Score(None, False, ["cancelled before it started"], "ok", "cancelled before it started")
+            else:
+                score = score_run(self.spec, self.run_dir(run_id) / "log.txt", exit_code=facts.exit_code,
+                                  seconds_since_progress=facts.seconds_since_progress)
+            outcome, reason = self.classify(facts, score)
+            ended = facts.ended_at if facts.ended_at is not None else time.time()
+            charge = gpu_hours(self.spec.cluster.gpus, ended - started) if started is not None else 0.0
+            recipe_failure = False
+            charged_to = "budget"
+            if outcome == "infrastructure":
+                if run.retry_of is None:
+                    charged_to = "infra"
+                else:
+                    first = state.runs.get(run.retry_of)
+                    first_nodes = set(first.nodes) if first else set()
+                    recipe_failure = not first_nodes or not set(facts.nodes) or first_nodes != set(facts.nodes)
+            self.ledger.append("run_finished", {
+                "run_id": run_id, "outcome": outcome, "charge_gpu_hours": _round(charge), "charged_to": charged_to,
+                "started_at": started, "ended_at": ended if started is not None else None,
+                "exit_code": facts.exit_code, "nodes": list(facts.nodes), "reason": reason,
+                "recipe_failure": recipe_failure, "backend_state": facts.state,
+            })
+            state = self.state()
+            verdict = self._verdict(state, state.runs[run_id], outcome, score)
+            self.ledger.append("measurement", {
+                "run_id": run_id, "tokens_per_s_per_gpu": score.tokens_per_s_per_gpu, "valid": score.valid,
+                "invalid_reasons": score.invalid_reasons, "verdict": verdict,
+                "failure_class": score.failure_class, "last_iteration": score.last_iteration,
+            })
+            out: dict[str, Any] = {"run_id": run_id, "outcome": outcome, "reason": reason, "verdict": verdict,
+                                   "charge_gpu_hours": _round(charge), "charged_to": charged_to,
+                                   "tokens_per_s_per_gpu": score.tokens_per_s_per_gpu, "valid": score.valid}
+            ok = outcome == "ok" and score.valid and score.tokens_per_s_per_gpu is not None
+            if run.kind == "calibration" and ok:
+                self.ledger.append("calibration_run", {"run_id": run_id,
+                                                       "tokens_per_s_per_gpu": score.tokens_per_s_per_gpu})
+                self._maybe_set_budget()
+            elif run.kind == "search" and verdict == "leader":
+                state = self.state()
+                prev_id, prev = state.leader_run_id, state.leader_tokens_per_s_per_gpu
+                cal = state.calibration
+                self.ledger.append("leader_changed", {
+                    "run_id": run_id, "tokens_per_s_per_gpu": score.tokens_per_s_per_gpu,
+                    "previous_run_id": prev_id, "previous_tokens_per_s_per_gpu": prev,
+                    "band": cal.band if cal else None,
+                    "gain_over_baseline": (score.tokens_per_s_per_gpu / cal.mean - 1.0) if cal else None,
+                })
+                out["promoted"] = True
+            return out
+
+    def _verdict(self, state: CampaignState, run: RunState, outcome: str, score: Score) -> str:
+        if outcome in ("cancelled", "pruned"):
+            return outcome
+        if outcome != "ok":
+            return "failed"
+        if not score.valid or score.tokens_per_s_per_gpu is None:
+            return "invalid"
+        if run.kind != "search":
+            return run.kind
+        cal = state.calibration
+        lead = state.leader_tokens_per_s_per_gpu
+        if cal is None or lead is None:
+            return "uncalibrated"
+        if state.would_promote(score.tokens_per_s_per_gpu):
+            return "leader"
+        if score.tokens_per_s_per_gpu >= lead * (1.0 - cal.band):
+            return "within_band"
+        return "slower"
+
+    def _maybe_set_budget(self) -> None:
+        """Once calibration is complete: the budget (default a multiple of one run) and the check reserve."""
+        state = self.state()
+        if state.calibration is None or any(r.type == "budget_set" for r in self.ledger.rows()):
+            return
+        charges = [state.runs[r].charge_gpu_hours for r in state.calibration_run_ids if r in state.runs]
+        run_cost = statistics.fmean(charges) if charges else 0.0
+        b = self.spec.budget
+        total = b.gpu_hours if b.gpu_hours is not None else b.default_multiple * run_cost
+        reserve = b.reserve_gpu_hours
+        if reserve is None:
+            reserve = b.check_reserve_runs * run_cost * self.spec.gate.convergence_steps / self.spec.workload.steps_per_run
+        reason = (
+            f"calibration complete: one baseline run costs {run_cost:.6g} GPU-h; "
+            + ("budget from the spec" if b.gpu_hours is not None else f"budget = {b.default_multiple:g} x that")
+            + ("; reserve from the spec" if b.reserve_gpu_hours is not None
+               else f"; reserve = {b.check_reserve_runs} check runs of {self.spec.gate.convergence_steps} steps")
+        )
+        self.ledger.append("budget_set", {"gpu_hours": _round(total), "reserve_gpu_hours": _round(reserve),
+                                          "run_cost_gpu_hours": _round(run_cost), "reason": reason})

@@ -1,0 +1,71 @@
+"""The built-in tuners' control plane, through the broker (`attune.tuners.driver.ControlPlane`).
+
+A black-box tuner gets exactly what the agent gets: the same broker, admission, gate, identical-
+recipe rule, charging, scoring and promotion. Its candidates are changes relative to the baseline;
+the early abort (prune a run below a fraction of the leader after a few measured steps) is done by
+the broker's monitor, so the decision stays in the control plane.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attune.tuners.base import Candidate, Outcome, split_changes
+from broker.client import BrokerClient
+
+
+class BrokerControlPlane:
+    """`ControlPlane` over a broker client (one campaign's token)."""
+
+    def __init__(self, client: BrokerClient, *, run_timeout_s: float = 24 * 3600.0, poll_s: float = 1.0) -> None:
+        self.client = client
+        self.run_timeout_s = run_timeout_s
+        self.poll_s = poll_s
+        self.concurrency = int(self._campaign()["concurrency"])
+
+    def _campaign(self) -> dict[str, Any]:
+        status, payload = self.client.call("GET", "/v1/campaign")
+        if status != 200:
+            raise RuntimeError(f"the broker refused the campaign status: {payload}")
+        return payload
+
+    def can_launch(self) -> bool:
+        c = self._campaign()
+        left = c["budget"]["search_remaining_gpu_hours"]
+        return c["stop"] is None and c["calibration"]["mean"] is not None and left is not None and left > 0
+
+    def baseline_tps(self) -> float:
+        mean = self._campaign()["calibration"]["mean"]
+        if mean is None:
+            raise RuntimeError("the baseline is not calibrated yet")
+        return float(mean)
+
+    def leader_tps(self) -> float:
+        c = self._campaign()
+        return float(c["leader"]["tokens_per_s_per_gpu"] or c["calibration"]["mean"])
+
+    def evaluate(self, candidate: Candidate, prune_below: float | None) -> Outcome:
+        changes = split_changes(candidate.changes)
+        new_flags = [k for k, v in candidate.changes.items() if k.startswith("--") and v not in (None, False)]
+        status, p = self.client.launch(
+            kind="search", changes=changes, base="baseline", hypothesis=candidate.hypothesis, lever=candidate.lever,
+            expected_gain=candidate.expected_gain if candidate.expected_gain is not None else 0.0,
+            code_locations={f: "campaign.yaml search_space (declared by the campaign's owner)" for f in new_flags},
+            prune_below=prune_below,
+        )
+        if status != 201 or not p.get("admitted"):
+            return Outcome(run_id=None, outcome="refused", reason=f"{p.get('code') or p.get('error')}: {p.get('reason')}")
+        run = self.client.wait(p["run_id"], timeout_s=self.run_timeout_s, interval_s=self.poll_s)
+        return Outcome(
+            run_id=run["run_id"], outcome=run["outcome"], tokens_per_s_per_gpu=run["tokens_per_s_per_gpu"],
+            valid=bool(run["valid"]), promoted=run["verdict"] == "leader", reason=run.get("reason"),
+            extra={"verdict": run["verdict"], "charge_gpu_hours": run["charge_gpu_hours"]},
+        )
+
+    def record_stop(self, evidence: dict[str, Any]) -> None:
+        levers = [str(x) for x in evidence.get("levers_tested") or []] or ["(none)"]
+        diagnosis = (f"{evidence.get('tuner', 'tuner')}: {evidence.get('reason', 'stopped')}; "
+                     f"{evidence.get('launches', 0)} launches, {evidence.get('failed', 0)} failed")
+        status, payload = self.client.call("POST", "/v1/stop", body={"levers_tested": levers, "diagnosis": diagnosis})
+        if status != 201 and "already recorded" not in str(payload.get("reason")):
+            raise RuntimeError(f"the broker refused the stop record: {payload}")

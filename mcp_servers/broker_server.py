@@ -1,0 +1,465 @@
+"""The broker MCP server: the agent's hands on the cluster, over stdio.
+
+Every tool is a thin call to the campaign's broker over HTTP with the campaign's token; the broker
+decides (admission, the gate's layer 1, identical-recipe rule, budget), runs, watches, charges and
+records. A refusal comes back as an ordinary result (`admitted: false`, a `code` and a `reason`
+that says what to change), never as a crash.
+
+Tools: launch_candidate, launch_calibration, run_status, list_runs, cancel_run, read_run_log,
+search_run_log, list_image_dir, read_image_file, search_image, record_assumption, record_stop,
+campaign_status.
+
+Configuration (environment, set by the plugin's .mcp.json or the launcher):
+- ``ATTUNE_CAMPAIGN_DIR``: the campaign directory (default: the working directory).
+- ``ATTUNE_BROKER_URL`` and ``ATTUNE_BROKER_TOKEN``: a shared broker run by someone else. Without
+  them the server starts the campaign's local broker on loopback on first use (the embedded default).
+
+Logs go to stderr only; stdout is the transport. Run: ``python -m mcp_servers.broker_server``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import anyio
+import httpx
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import BaseModel, Field
+
+from broker.client import BrokerUnavailable, Endpoint, endpoint_for
+
+log = logging.getLogger("attune.broker_server")
+
+Value = str | int | float | bool | None
+
+server = MCPServer(
+    name="attune-broker",
+    instructions=(
+        "The only way to run jobs on the campaign's cluster. Launch one candidate per hypothesis with "
+        "launch_candidate, follow it with run_status / read_run_log, read the framework source in the "
+        "training image with search_image / read_image_file before using a flag, and record a stop with "
+        "evidence when the remaining budget will not find a faster recipe."
+    ),
+)
+
+
+# ----------------------------------------------------------------------------------- HTTP
+
+
+class _Conn:
+    endpoint: Endpoint | None = None
+    client: httpx.AsyncClient | None = None
+
+
+_conn = _Conn()
+
+
+def _campaign_dir() -> Path:
+    return Path(os.environ.get("ATTUNE_CAMPAIGN_DIR") or os.getcwd()).resolve()
+
+
+async def _client() -> httpx.AsyncClient:
+    if _conn.client is None:
+        try:
+            ep = await anyio.to_thread.run_sync(endpoint_for, _campaign_dir())
+        except BrokerUnavailable as exc:
+            raise ToolError(f"the broker is unavailable: {exc}") from None
+        _conn.endpoint = ep
+        _conn.client = httpx.AsyncClient(base_url=ep.url, headers={"Authorization": f"Bearer {ep.token}"},
+                                         timeout=120.0)
+        log.info("broker at %s%s", ep.url, " (started)" if ep.started else "")
+    return _conn.client
+
+
+async def _call(method: str, path: str, *, params: dict[str, Any] | None = None,
+                body: dict[str, Any] | None = None, ok_codes: tuple[int, ...] = (200, 201)) -> tuple[int, dict[str, Any]]:
+    client = await _client()
+    try:
+        r = await client.request(method, path, params={k: v for k, v in (params or {}).items() if v is not None},
+                                 json=body)
+    except httpx.HTTPError as exc:
+        _conn.client = None  # reconnect (or restart the local broker) on the next call
+        raise ToolError(f"the broker did not answer ({type(exc).__name__}: {exc}); try again") from None
+    try:
+        payload = r.json()
+    except ValueError:
+        payload = {"error": "bad_response", "reason": r.text[:500]}
+    if r.status_code not in ok_codes:
+        raise ToolError(f"{payload.get('error', r.status_code)}: {payload.get('reason', payload)}")
+    return r.status_code, payload
+
+
+# ----------------------------------------------------------------------------------- models
+
+
+class Changes(BaseModel):
+    """A candidate's edits to its base recipe."""
+
+    args: dict[str, Value] = Field(default_factory=dict, description=(
+        "Megatron flags with leading '--' -> value; true for a bare flag; null or false removes the flag"))
+    env: dict[str, str | None] = Field(default_factory=dict, description=(
+        "environment variables (only those on the campaign's allowlist) -> value; null unsets"))
+
+
+class Budget(BaseModel):
+    total_gpu_hours: float | None
+    charged_gpu_hours: float
+    in_flight_gpu_hours: float
+    reserve_left_gpu_hours: float
+    search_remaining_gpu_hours: float | None
+    infra_charged_gpu_hours: float = 0.0
+    spent: bool = False
+
+
+class LaunchResult(BaseModel):
+    """The broker's answer to a launch: admitted (with its run id) or refused (with what to change)."""
+
+    admitted: bool
+    run_id: str | None = None
+    code: str | None = Field(None, description=(
+        "refusal code: gate, identical, budget, concurrency, not_calibrated, calibration_full, pinned, "
+        "stack_fix, profile_flag, env_not_allowlisted, code_locations, no_change, bad_request, bad_change, "
+        "stopped, shape, budget_unset, no_estimate"))
+    reason: str | None = Field(None, description="why it was refused, in words: what to change")
+    expected_gpu_hours: float | None = None
+    changes: dict[str, Any] | None = Field(None, description="the recipe's full difference from the baseline")
+    retry_of: str | None = Field(None, description="the infrastructure failure this launch retries")
+    gate_summary: str | None = None
+    gate_refusals: list[dict[str, Any]] = Field(default_factory=list)
+    submitted: bool | None = None
+    budget: Budget | None = None
+
+
+class RunInfo(BaseModel):
+    run_id: str
+    kind: str
+    status: str = Field(description="admitted (queued), running or finished")
+    lever: str | None = None
+    hypothesis: str | None = None
+    changes: dict[str, Any] = Field(default_factory=dict)
+    profile: bool = False
+    outcome: str | None = Field(None, description="ok, oom, hang, crash, infrastructure or cancelled")
+    reason: str | None = None
+    verdict: str | None = Field(None, description="leader, within_band, slower, invalid, failed, calibration, ...")
+    tokens_per_s_per_gpu: float | None = None
+    valid: bool | None = None
+    invalid_reasons: list[str] = Field(default_factory=list)
+    expected_gpu_hours: float = 0.0
+    charge_gpu_hours: float = 0.0
+    charged_to: str | None = None
+    nodes: list[str] = Field(default_factory=list)
+    retry_of: str | None = None
+    recipe_failure: bool = False
+    backend_state: str | None = None
+    log_bytes: int | None = None
+    seconds_since_log_progress: float | None = None
+    hang_timeout_s: float | None = None
+
+
+class RunRow(BaseModel):
+    run_id: str
+    kind: str
+    status: str
+    lever: str | None = None
+    outcome: str | None = None
+    verdict: str | None = None
+    tokens_per_s_per_gpu: float | None = None
+    charge_gpu_hours: float = 0.0
+    profile: bool = False
+    changes: dict[str, Any] = Field(default_factory=dict)
+
+
+class RunPage(BaseModel):
+    runs: list[RunRow]
+    total: int
+    next_offset: int | None = Field(description="pass as offset for the next page; null at the end")
+
+
+class CancelResult(BaseModel):
+    run_id: str
+    cancelled: bool
+    outcome: str | None = None
+    charge_gpu_hours: float | None = None
+    reason: str | None = None
+
+
+class LinesPage(BaseModel):
+    path: str
+    lines: list[str]
+    size_bytes: int | None = None
+    offset_line: int | None = None
+    next_line: int | None = Field(None, description="pass as offset_line for the next page; null at the end")
+    truncated: bool | None = None
+    note: str | None = None
+
+
+class Match(BaseModel):
+    path: str
+    line: int
+    text: str
+
+
+class SearchResult(BaseModel):
+    pattern: str
+    matches: list[Match]
+    truncated: bool = Field(description="true when more matches exist than were returned")
+    files_scanned: int | None = None
+
+
+class DirEntry(BaseModel):
+    name: str
+    type: Literal["dir", "file"]
+    size_bytes: int | None = None
+
+
+class DirPage(BaseModel):
+    path: str
+    entries: list[DirEntry]
+    total: int
+    next_offset: int | None = None
+
+
+class Recorded(BaseModel):
+    recorded: bool
+    seq: int = Field(description="the ledger row's sequence number")
+    leader: str | None = None
+
+
+class Leader(BaseModel):
+    run_id: str | None
+    tokens_per_s_per_gpu: float | None
+    gain: float | None = Field(description="over the calibrated baseline mean")
+
+
+class Calibration(BaseModel):
+    required_runs: int
+    runs: int
+    mean: float | None
+    rel_sigma: float | None
+    band: float | None
+
+
+class CampaignStatus(BaseModel):
+    name: str
+    model: str
+    backend: str
+    gpus: int | None
+    budget: Budget
+    calibration: Calibration
+    leader: Leader
+    concurrency: int
+    in_flight: list[str]
+    launches: int
+    failed_launches: int
+    launches_refused: int
+    stop_recorded: bool
+    missing_for_stop: list[str]
+    env_allowlist: list[str]
+    image_roots: list[str]
+
+
+def _launch_result(payload: dict[str, Any]) -> LaunchResult:
+    gate = payload.get("gate") or {}
+    return LaunchResult(
+        admitted=bool(payload.get("admitted")), run_id=payload.get("run_id"), code=payload.get("code"),
+        reason=payload.get("reason") or payload.get("submit_error"), expected_gpu_hours=payload.get("expected_gpu_hours"),
+        changes=payload.get("changes"), retry_of=payload.get("retry_of"), gate_summary=gate.get("summary"),
+        gate_refusals=gate.get("refusals") or [], submitted=payload.get("submitted"),
+        budget=Budget.model_validate(payload["budget"]) if payload.get("budget") else None,
+    )
+
+
+# ----------------------------------------------------------------------------------- tools
+
+
+@server.tool()
+async def launch_candidate(
+    changes: Changes,
+    hypothesis: Annotated[str, Field(description="the bottleneck this candidate should shrink, and the mechanism")],
+    lever: Annotated[str, Field(description="the lever (or coupled set of parallelism degrees) it changes")],
+    expected_gain: Annotated[float, Field(description="expected relative throughput gain, e.g. 0.05 for 5%")],
+    code_locations: Annotated[dict[str, str], Field(description=(
+        "for every flag new to the recipe: where the running image implements it (path:line), read with "
+        "search_image/read_image_file"))] | None = None,
+    profile: Annotated[bool, Field(description="trace extra steps after the measured window (costs more)")] = False,
+    base: Annotated[str, Field(description="apply the changes to: leader (default), baseline, or a run id")] = "leader",
+) -> LaunchResult:
+    """Launch one search candidate: `changes` applied to the leader's recipe (or `base`).
+
+    Call it once per hypothesis, changing one lever (or one coupled set of parallelism degrees).
+    The control plane checks the change against the correctness gate, refuses a recipe that already
+    ran, and admits it only if its expected cost fits the remaining budget. A refusal is an ordinary
+    result with `admitted: false`, a `code` and a `reason` saying what to change. When admitted, follow
+    the run with run_status and read_run_log.
+    """
+    body = {"kind": "search", "changes": changes.model_dump(), "hypothesis": hypothesis, "lever": lever,
+            "expected_gain": expected_gain, "code_locations": code_locations or {}, "profile": profile, "base": base}
+    _, payload = await _call("POST", "/v1/runs", body=body, ok_codes=(201, 409))
+    return _launch_result(payload)
+
+
+@server.tool()
+async def launch_calibration() -> LaunchResult:
+    """Launch one calibration run of the unchanged baseline.
+
+    Call it at the start of a campaign until campaign_status shows the calibration complete (at least
+    five good baseline runs set the mean and the noise band, and with them the budget). Refused once
+    enough calibration runs are done or in flight.
+    """
+    _, payload = await _call("POST", "/v1/runs", body={"kind": "calibration"}, ok_codes=(201, 409))
+    return _launch_result(payload)
+
+
+@server.tool()
+async def run_status(run_id: str) -> RunInfo:
+    """One run's state: queued, running (with log progress), or finished with its outcome, throughput,
+    validity, verdict against the leader and its charge. Poll it while a run is in flight."""
+    _, payload = await _call("GET", f"/v1/runs/{run_id}")
+    return RunInfo.model_validate({k: v for k, v in payload.items() if k in RunInfo.model_fields})
+
+
+@server.tool()
+async def list_runs(
+    status: Annotated[Literal["admitted", "running", "finished", "in_flight"] | None, Field(
+        description="only runs in this state")] = None,
+    offset: int = 0,
+    limit: Annotated[int, Field(ge=1, le=200)] = 20,
+) -> RunPage:
+    """The campaign's runs, oldest first, a page at a time (compact rows; run_status for details)."""
+    _, payload = await _call("GET", "/v1/runs", params={"status": status, "offset": offset, "limit": limit})
+    return RunPage(runs=[RunRow.model_validate(r) for r in payload["runs"]], total=payload["total"],
+                   next_offset=payload.get("next_offset"))
+
+
+@server.tool()
+async def cancel_run(run_id: str) -> CancelResult:
+    """Stop a run of this campaign now (its whole process tree). It is charged for the time it held its
+    GPUs. Use it when a run is clearly wasted (e.g. far slower than the leader after a few steps)."""
+    _, payload = await _call("POST", f"/v1/runs/{run_id}/cancel")
+    return CancelResult.model_validate(payload)
+
+
+@server.tool()
+async def read_run_log(
+    run_id: str,
+    tail: Annotated[int, Field(ge=1, le=500, description="the last N lines (default 50)")] = 50,
+    offset_line: Annotated[int | None, Field(ge=1, description="instead of the tail: a page from this line")] = None,
+    max_lines: Annotated[int, Field(ge=1, le=500)] = 200,
+) -> LinesPage:
+    """Read a run's training log: its last `tail` lines, or a page from `offset_line` (follow next_line)."""
+    params = {"offset_line": offset_line, "max_lines": max_lines} if offset_line else {"tail": tail}
+    _, payload = await _call("GET", f"/v1/runs/{run_id}/log", params=params)
+    return LinesPage.model_validate(payload)
+
+
+@server.tool()
+async def search_run_log(
+    run_id: str,
+    pattern: Annotated[str, Field(description="a regular expression (Python syntax)")],
+    max_results: Annotated[int, Field(ge=1, le=200)] = 50,
+    ignore_case: bool = False,
+) -> SearchResult:
+    """Find lines in a run's log (errors, warnings, memory reports) without reading all of it."""
+    _, payload = await _call("GET", f"/v1/runs/{run_id}/log/search",
+                             params={"pattern": pattern, "max_results": max_results,
+                                     "ignore_case": str(ignore_case).lower()})
+    return SearchResult(pattern=payload["pattern"], matches=[Match.model_validate(m) for m in payload["matches"]],
+                        truncated=payload["truncated"])
+
+
+@server.tool()
+async def list_image_dir(
+    path: Annotated[str, Field(description="a directory in the training image ('' for the top)")] = "",
+    offset: int = 0,
+    limit: Annotated[int, Field(ge=1, le=500)] = 200,
+) -> DirPage:
+    """List a directory of the training image (the framework's source as the jobs run it)."""
+    _, payload = await _call("GET", "/v1/image/list", params={"path": path, "offset": offset, "limit": limit})
+    return DirPage.model_validate(payload)
+
+
+@server.tool()
+async def read_image_file(
+    path: str,
+    offset_line: Annotated[int, Field(ge=1)] = 1,
+    max_lines: Annotated[int, Field(ge=1, le=500)] = 200,
+) -> LinesPage:
+    """Read a file of the training image, a page at a time (follow next_line). Read a flag's
+    implementation (what it asserts, what it overrides) before it enters a candidate."""
+    _, payload = await _call("GET", "/v1/image/read",
+                             params={"path": path, "offset_line": offset_line, "max_lines": max_lines})
+    return LinesPage.model_validate(payload)
+
+
+@server.tool()
+async def search_image(
+    pattern: Annotated[str, Field(description="a regular expression, e.g. an argument name")],
+    path: Annotated[str, Field(description="limit the search to this directory or file")] = "",
+    glob: Annotated[str | None, Field(description="only files whose name matches, e.g. *.py")] = None,
+    max_results: Annotated[int, Field(ge=1, le=200)] = 50,
+    ignore_case: bool = False,
+) -> SearchResult:
+    """Search the training image's files (the framework source) for a pattern: where a flag is defined
+    and used. Results are capped; narrow `path` or `glob` when truncated."""
+    _, payload = await _call("GET", "/v1/image/search",
+                             params={"pattern": pattern, "path": path, "glob": glob, "max_results": max_results,
+                                     "ignore_case": str(ignore_case).lower()})
+    return SearchResult(pattern=payload["pattern"], matches=[Match.model_validate(m) for m in payload["matches"]],
+                        truncated=payload["truncated"], files_scanned=payload.get("files_scanned"))
+
+
+@server.tool()
+async def record_assumption(
+    question: Annotated[str, Field(description="what you would have asked the user")],
+    default: Annotated[str, Field(description="the default you take instead")],
+    context: str | None = None,
+) -> Recorded:
+    """Record an assumption in the ledger instead of asking the user (the campaign runs unattended)."""
+    _, payload = await _call("POST", "/v1/assumptions",
+                             body={"question": question, "default": default, "context": context})
+    return Recorded.model_validate(payload)
+
+
+@server.tool()
+async def record_stop(
+    levers_tested: Annotated[list[str], Field(min_length=1, description="every lever the campaign measured")],
+    diagnosis: Annotated[str, Field(description="the last diagnosis: what limits the leader, and why "
+                                                "the remaining budget will not find a faster recipe")],
+    leader: Annotated[str | None, Field(description="the leader's run id, as you believe it to be")] = None,
+) -> Recorded:
+    """Record a stop before the budget is spent, with its evidence: the leader (taken from the ledger),
+    the levers tested and the last diagnosis. After it, no further search launches are admitted."""
+    _, payload = await _call("POST", "/v1/stop",
+                             body={"levers_tested": levers_tested, "diagnosis": diagnosis, "leader": leader})
+    return Recorded.model_validate(payload)
+
+
+@server.tool()
+async def campaign_status() -> CampaignStatus:
+    """The campaign at a glance: budget (charged, in flight, reserve, left for search), calibration and
+    band, the leader and its gain, runs in flight, refusals, and what is still missing before it may stop."""
+    _, p = await _call("GET", "/v1/campaign")
+    cal = p["calibration"]
+    return CampaignStatus(
+        name=p["name"], model=p["model"], backend=p["backend"], gpus=p["gpus"], budget=Budget.model_validate(p["budget"]),
+        calibration=Calibration.model_validate(cal), leader=Leader.model_validate(p["leader"]),
+        concurrency=p["concurrency"], in_flight=[r["run_id"] for r in p["in_flight"]], launches=p["launches"],
+        failed_launches=p["failed_launches"], launches_refused=p["launches_refused"],
+        stop_recorded=p["stop"] is not None, missing_for_stop=p["missing_for_stop"],
+        env_allowlist=p["env_allowlist"], image_roots=[r["name"] for r in p["image_roots"]],
+    )
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    server.run("stdio")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""Campaigns for the broker tests (not a test module).
+
+The jobs are real processes: `tests/fake_trainer.py`, a stand-in trainer that logs like
+Megatron-LM in milliseconds and misbehaves on request (out of memory, hang, crash). The gate is
+the real layer 1, with a correctness list for the stand-in's flags (`FAKE_LIST`).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from attune.campaign import start
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FAKE_LIST = """\
+schema_version: 1
+model: fake
+description: 'Correctness list for tests/fake_trainer.py.'
+args:
+  fake_step_ms: {class: structural, why: 'stand-in for a layout lever: changes only the step time'}
+  fake_mode: {class: structural, why: 'makes the stand-in misbehave (out of memory, hang, crash)'}
+  fake_fail_at: {class: structural, why: 'the step where it misbehaves'}
+  fake_variant: {class: structural, why: 'does nothing: makes recipes distinct'}
+  lr: {class: numeric, why: 'the learning rate changes the objective'}
+  seq_length: {class: numeric, why: 'the row length is the workload'}
+  global_batch_size: {class: numeric, why: 'the batch is the workload'}
+  train_iters: {class: structural, why: 'run length'}
+  run_dir: {class: structural, why: 'bookkeeping'}
+  profile: {class: structural, why: 'tracing after the window'}
+"""
+
+FAKE_SPEC: dict[str, Any] = {
+    "name": "fake-a",
+    "model": "fake",
+    "framework": "megatron-lm",
+    "cluster": {"backend": "local", "gpus": 2, "gpus_per_node": 2, "accelerator": "cpu", "settings": {"slots": 8}},
+    "baseline": {
+        "command": ["python", "tests/fake_trainer.py", "--world-size", "{gpus}"],
+        "args": {"--seq-length": 128, "--global-batch-size": 16, "--train-iters": 14, "--fake-step-ms": 20},
+    },
+    "workload": {"seq_length": 128, "global_batch": 16, "precision": "fp32"},
+    "budget": {"concurrency": 3},
+    "gate": {"lists": "fake.yaml"},
+    "control": {
+        "hang_timeout_s": 2.0,
+        "poll_interval_s": 0.1,
+        "stack_fixes": {"args": {"--run-dir": "{run_dir}"}, "env": {"ATTUNE_FIX": "1"}},
+        "image_roots": {"trainer": "tests"},
+    },
+}
+
+
+def deep_update(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_update(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def make_campaign(parent: Path, name: str = "fake-a", replace: dict[str, Any] | None = None, **over: Any) -> Path:
+    """A started campaign directory running the stand-in trainer (`over` is merged, `replace` replaces)."""
+    d = parent / name
+    d.mkdir(parents=True)
+    spec = deep_update(FAKE_SPEC, {"name": name, **over})
+    spec.update(copy.deepcopy(replace or {}))
+    (d / "campaign.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    (d / "fake.yaml").write_text(FAKE_LIST)
+    start(d)
+    return d
+
+
+def wait_for(pred: Callable[[], bool], timeout_s: float = 30.0, step: Callable[[], Any] | None = None,
+             interval_s: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if step is not None:
+            step()
+        if pred():
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met in time")
+        time.sleep(interval_s)
+
+
+def search(changes: dict[str, Any], lever: str = "step", **kw: Any) -> dict[str, Any]:
+    """A well-formed search launch request."""
+    body = {"kind": "search", "changes": {"args": changes}, "hypothesis": "the step is compute bound",
+            "lever": lever, "expected_gain": 0.1, "code_locations": {k: "tests/fake_trainer.py:30" for k in changes}}
+    body.update(kw)
+    return body

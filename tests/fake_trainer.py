@@ -1,0 +1,85 @@
+"""A stand-in trainer for the broker tests (not a test module): a real process that logs like Megatron-LM.
+
+It prints Megatron-LM's arguments block and one iteration line per step (sleeping the step time),
+and can misbehave on request, as real jobs do:
+
+    --fake-mode ok     train --train-iters steps and exit 0
+    --fake-mode oom    raise an out-of-memory error at step --fake-fail-at (traceback, exit 1)
+    --fake-mode hang   stop logging at step --fake-fail-at and sleep (until killed)
+    --fake-mode crash  exit 3 at step --fake-fail-at without a word
+    --fake-mode infra  report an NCCL system error (a network or host fault) at that step and exit 1
+
+It imports only the standard library, so it starts in milliseconds (real PyTorch runs use tinygpt),
+and it logs its nominal step time (it does sleep that long), so its throughput does not depend on
+how busy the machine is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+class OutOfMemoryError(RuntimeError):
+    """What torch raises as torch.OutOfMemoryError."""
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--world-size", type=int, default=2, help="ranks it claims (the campaign's GPU count)")
+    p.add_argument("--seq-length", type=int, default=128)
+    p.add_argument("--global-batch-size", type=int, default=16)
+    p.add_argument("--train-iters", type=int, default=14)
+    p.add_argument("--fake-step-ms", type=float, default=20.0)
+    p.add_argument("--fake-mode", choices=("ok", "oom", "hang", "crash", "infra"), default="ok")
+    p.add_argument("--fake-fail-at", type=int, default=3)
+    p.add_argument("--fake-variant", type=int, default=0, help="does nothing: makes recipes distinct")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--run-dir", default=None)
+    p.add_argument("--profile", action="store_true")
+    a = p.parse_args()
+
+    args = {
+        "global_batch_size": a.global_batch_size, "seq_length": a.seq_length, "train_iters": a.train_iters,
+        "world_size": a.world_size, "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+        "micro_batch_size": 1, "lr": a.lr, "log_interval": 1,
+    }
+    print("------------------------ arguments ------------------------")
+    for name in sorted(args):
+        print(f"  {name} {'.' * (48 - len(name))} {args[name]}")
+    print("-------------------- end of arguments ---------------------", flush=True)
+    loss = 10.0
+    for it in range(1, a.train_iters + 1):
+        step = it - 1
+        if a.fake_mode != "ok" and step == a.fake_fail_at:
+            if a.fake_mode == "oom":
+                raise OutOfMemoryError(
+                    "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.11 GiB"
+                )
+            if a.fake_mode == "hang":
+                while True:
+                    time.sleep(60)
+            if a.fake_mode == "crash":
+                sys.exit(3)
+            if a.fake_mode == "infra":
+                print("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, "
+                      "unhandled system error (run with NCCL_DEBUG=INFO for details)", flush=True)
+                sys.exit(1)
+        time.sleep(a.fake_step_ms / 1000.0)
+        ms = a.fake_step_ms  # the nominal step time: scores are deterministic whatever the machine's load
+        loss *= 0.97
+        print(
+            f" [2026-10-02 11:04:17.123456] iteration {it:8d}/{a.train_iters:8d} |"
+            f" consumed samples: {it * a.global_batch_size:12d} |"
+            f" elapsed time per iteration (ms): {ms:.1f} |"
+            f" learning rate: {a.lr:.6E} | global batch size: {a.global_batch_size:5d} |"
+            f" lm loss: {loss:.6E} | loss scale: 1.0 | grad norm: 0.812 |"
+            f" number of skipped iterations:   0 | number of nan iterations:   0 |",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

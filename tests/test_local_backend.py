@@ -1,0 +1,132 @@
+"""The local backend with real processes: slots, process groups, cancel, time limits, restarts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from broker.backends import get_backend
+from broker.backends.base import Backend, BackendError, JobSpec, JobState
+from broker.backends.local import LocalBackend
+from tests._broker_helpers import wait_for
+
+
+def job(tmp: Path, name: str, script: str, gpus: int = 1, **kw: object) -> JobSpec:
+    return JobSpec(job_id=name, campaign="c", argv=(sys.executable, "-c", script), env={"JOB_NAME": name},
+                   workdir=tmp, run_dir=tmp / name, gpus=gpus, gpus_per_node=gpus, **kw)  # type: ignore[arg-type]
+
+
+def finished(b: LocalBackend, bid: str) -> bool:
+    return b.status(bid).state.finished
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead for our purposes
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_registry_builds_a_local_backend_that_fits_the_protocol() -> None:
+    b = get_backend("local", {"slots": 3})
+    assert isinstance(b, Backend) and b.name == "local" and b.slots == 3  # type: ignore[attr-defined]
+    with pytest.raises(BackendError, match="slots must be a positive integer"):
+        get_backend("local", {"slots": 0})
+
+
+def test_a_job_runs_logs_and_reports_its_exit(tmp_path: Path) -> None:
+    b = LocalBackend(slots=2)
+    ok = b.submit(job(tmp_path, "ok", "import os; print('hello from', os.environ['JOB_NAME'])"))
+    bad = b.submit(job(tmp_path, "bad", "import sys; print('dying'); sys.exit(3)"))
+    wait_for(lambda: finished(b, ok) and finished(b, bad))
+    s_ok, s_bad = b.status(ok), b.status(bad)
+    assert s_ok.state == JobState.COMPLETED and s_ok.exit_code == 0
+    assert s_bad.state == JobState.FAILED and s_bad.exit_code == 3
+    assert (tmp_path / "ok" / "log.txt").read_text() == "hello from ok\n"
+    assert s_ok.started_at is not None and s_ok.ended_at is not None and s_ok.ended_at >= s_ok.started_at
+    assert s_ok.nodes == [b.node]
+
+
+def test_jobs_wait_for_slots_and_are_not_started_meanwhile(tmp_path: Path) -> None:
+    b = LocalBackend(slots=2)
+    first = b.submit(job(tmp_path, "first", "import time; time.sleep(0.6)", gpus=2))
+    second = b.submit(job(tmp_path, "second", "print('second')", gpus=2))
+    s = b.status(second)
+    assert b.status(first).state == JobState.RUNNING
+    assert s.state == JobState.PENDING and s.started_at is None  # queued: not admitted, not charged
+    wait_for(lambda: finished(b, second), timeout_s=20)
+    assert b.status(second).started_at >= b.status(first).ended_at - 0.05  # type: ignore[operator]
+    with pytest.raises(BackendError, match="needs 3 slots"):
+        b.submit(job(tmp_path, "big", "pass", gpus=3))
+
+
+def test_cancel_kills_the_whole_process_group(tmp_path: Path) -> None:
+    b = LocalBackend(slots=2, kill_grace_s=1.0)
+    script = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        "open('child.pid', 'w').write(str(child.pid))\n"
+        "print('started', flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    bid = b.submit(job(tmp_path, "tree", script))
+    pid_file = tmp_path / "child.pid"
+    wait_for(lambda: pid_file.exists() and pid_file.read_text() != "")
+    child = int(pid_file.read_text())
+    assert alive(child)
+    b.cancel(bid)
+    s = b.status(bid)
+    assert s.state == JobState.CANCELLED and s.ended_at is not None
+    wait_for(lambda: not alive(child), timeout_s=5)
+    b.cancel(bid)  # idempotent
+
+
+def test_time_limit(tmp_path: Path) -> None:
+    b = LocalBackend(slots=1)
+    bid = b.submit(job(tmp_path, "slow", "import time; time.sleep(300)", time_limit_s=0.3))
+    wait_for(lambda: finished(b, bid), timeout_s=10)
+    assert b.status(bid).state == JobState.TIMEOUT
+
+
+def test_a_restarted_backend_adopts_its_jobs(tmp_path: Path) -> None:
+    first = LocalBackend(slots=2)
+    (tmp_path / "long").mkdir()
+    (tmp_path / "long" / "job.json").write_text('{"run_id": "long", "campaign": "c", "gpus": 1}')
+    long_id = first.submit(job(tmp_path, "long", "import time; print('x', flush=True); time.sleep(300)"))
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "job.json").write_text('{"run_id": "done", "campaign": "c", "gpus": 1}')
+    done_id = first.submit(job(tmp_path, "done", "import sys; sys.exit(5)"))
+    wait_for(lambda: finished(first, done_id))
+    wait_for(lambda: (tmp_path / "long" / "log.txt").exists() and (tmp_path / "long" / "log.txt").stat().st_size > 0)
+
+    second = LocalBackend(slots=2)  # the broker restarted: a fresh backend, the jobs still on disk
+    s_long, s_done = second.status(long_id), second.status(done_id)
+    assert s_long.state == JobState.RUNNING and s_long.started_at == first.status(long_id).started_at
+    assert s_done.state == JobState.FAILED and s_done.exit_code == 5
+    second.cancel(long_id)
+    assert second.status(long_id).state == JobState.CANCELLED
+    wait_for(lambda: finished(first, long_id))  # the original sees its child gone too
+    with pytest.raises(BackendError, match="unknown local job"):
+        second.status(str(tmp_path / "nothing"))
+
+
+def test_render_is_a_script_a_person_can_run(tmp_path: Path) -> None:
+    b = LocalBackend(slots=1)
+    spec = job(tmp_path, "by-hand", "import os; print(os.environ['JOB_NAME'], os.getcwd())")
+    spec.run_dir.mkdir()
+    (spec.run_dir / "job.sh").write_text(b.render(spec))
+    t0 = time.time()
+    subprocess.run(["/bin/sh", str(spec.run_dir / "job.sh")], check=True, env={"PATH": os.environ["PATH"]})
+    assert (spec.run_dir / "log.txt").read_text() == f"by-hand {tmp_path}\n"
+    rc, ended = (spec.run_dir / "exit_status").read_text().split()
+    assert rc == "0" and float(ended) >= t0 - 1
