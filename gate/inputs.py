@@ -1,0 +1,202 @@
+"""Reading the gate's inputs from files: recipes, environments, loss curves.
+
+Every reader raises :class:`InputError` (a ValueError) with a message that names the
+file and what was expected, so the CLI can exit 2 and the MCP server can answer with
+a clear error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gate import logparse, names
+
+
+class InputError(ValueError):
+    """Bad input to the gate."""
+
+
+def argv_to_args(tokens: Sequence[str]) -> dict[str, Any]:
+    """``["--tp", "2", "--sequence-parallel", "--recompute-modules", "a", "b"]`` -> a recipe's args.
+
+    A flag with no value is ``True``; one value is a string; several values are a list.
+    """
+    out: dict[str, Any] = {}
+    flag: str | None = None
+    values: list[str] = []
+
+    def flush() -> None:
+        if flag is not None:
+            out[flag] = True if not values else values[0] if len(values) == 1 else list(values)
+
+    for tok in tokens:
+        if tok.startswith("--"):
+            flush()
+            if not names.FLAG_RE.match(tok):
+                raise InputError(f"not a flag: {tok!r}")
+            flag, values = tok, []
+        elif flag is None:
+            raise InputError(f"value {tok!r} before any flag")
+        else:
+            values.append(tok)
+    flush()
+    return out
+
+
+def _read_structured(path: Path) -> Any:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc}") from exc
+    try:
+        if path.suffix == ".json":
+            return json.loads(text)
+        return yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise InputError(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML/JSON'}: {exc}") from exc
+
+
+def _check_args(obj: Any, where: str) -> dict[str, Any]:
+    if isinstance(obj, list):
+        if not all(isinstance(t, str) for t in obj):
+            raise InputError(f"{where}: an argv list must hold strings")
+        return argv_to_args(obj)
+    if not isinstance(obj, dict):
+        raise InputError(f"{where}: expected a mapping of --flag to value (or an argv list), got {type(obj).__name__}")
+    for k, v in obj.items():
+        if not isinstance(k, str) or not names.FLAG_RE.match(k):
+            raise InputError(f"{where}: key {k!r} is not a flag (expected --name)")
+        if not (v is None or isinstance(v, (str, int, float, bool)) or
+                (isinstance(v, list) and all(isinstance(x, (str, int, float, bool)) for x in v))):
+            raise InputError(f"{where}: value of {k} must be a string, number, boolean, null or list")
+    return dict(obj)
+
+
+def check_env(obj: Any, where: str) -> dict[str, str]:
+    if obj is None:
+        return {}
+    if not isinstance(obj, dict):
+        raise InputError(f"{where}: expected a mapping of variable name to string value")
+    out = {}
+    for k, v in obj.items():
+        if not isinstance(k, str) or not k:
+            raise InputError(f"{where}: environment variable names must be non-empty strings")
+        if v is None or isinstance(v, (dict, list)):
+            raise InputError(f"{where}: value of {k} must be a string")
+        out[k] = str(v).lower() if isinstance(v, bool) else str(v)
+    return out
+
+
+def load_recipe(path: str | Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """A recipe file: ``{"args": {...} | [argv...], "env": {...}}`` (JSON or YAML), or a bare args mapping."""
+    p = Path(path)
+    data = _read_structured(p)
+    if isinstance(data, dict) and ("args" in data or "env" in data):
+        unknown = set(data) - {"args", "env", "name", "description"}
+        if unknown:
+            raise InputError(f"{p}: unknown top-level field(s) {sorted(unknown)}; expected args, env")
+        return _check_args(data.get("args") or {}, f"{p}: args"), check_env(data.get("env"), f"{p}: env")
+    return _check_args(data, str(p)), {}
+
+
+def load_resolved(path: str | Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """Resolved arguments: a training log with a resolved-arguments block, or a JSON/YAML
+    ``{"args": {attribute: value}, "env": {...}}``."""
+    p = Path(path)
+    if p.suffix in (".json", ".yaml", ".yml"):
+        data = _read_structured(p)
+        if not isinstance(data, dict) or "args" not in data or not isinstance(data["args"], dict):
+            raise InputError(f"{p}: expected {{'args': {{attribute: value}}, 'env': {{...}}}}")
+        for k in data["args"]:
+            if not isinstance(k, str) or not names.DEST_RE.match(k):
+                raise InputError(f"{p}: resolved argument {k!r} is not an attribute name (lower_snake_case)")
+        return dict(data["args"]), check_env(data.get("env"), f"{p}: env")
+    try:
+        return dict(logparse.read_resolved_args(p)), {}
+    except OSError as exc:
+        raise InputError(f"cannot read {p}: {exc}") from exc
+    except ValueError as exc:
+        raise InputError(f"{p}: {exc}") from exc
+
+
+def load_env(path: str | Path) -> dict[str, str]:
+    """An environment: JSON/YAML mapping, or ``KEY=VALUE`` lines (``#`` comments, optional ``export``)."""
+    p = Path(path)
+    if p.suffix in (".json", ".yaml", ".yml"):
+        return check_env(_read_structured(p), str(p))
+    try:
+        lines = p.read_text().splitlines()
+    except OSError as exc:
+        raise InputError(f"cannot read {p}: {exc}") from exc
+    out: dict[str, str] = {}
+    for i, line in enumerate(lines, 1):
+        s = line.strip()
+        if not s or s.startswith("#"):
+            continue
+        if s.startswith("export "):
+            s = s[7:].strip()
+        if "=" not in s:
+            raise InputError(f"{p}:{i}: expected KEY=VALUE, got {line!r}")
+        k, v = s.split("=", 1)
+        out[k.strip()] = v
+    return out
+
+
+def _curve_value(v: Any, where: str) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        raise InputError(f"{where}: a loss must be a number, null or 'nan'/'inf', got {v!r}")
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            f = float(v)
+        except ValueError:
+            raise InputError(f"{where}: a loss must be a number, null or 'nan'/'inf', got {v!r}") from None
+        return f
+    raise InputError(f"{where}: a loss must be a number, null or 'nan'/'inf', got {type(v).__name__}")
+
+
+def load_curve(path: str | Path) -> dict[int, float | None]:
+    """A loss curve: a JSON mapping of step number to loss (``{"1": 10.41, ...}``), or a training log.
+
+    In JSON, ``null`` is a missing loss and ``NaN``/``"nan"``/``"inf"`` are non-finite losses.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(errors="replace")
+    except OSError as exc:
+        raise InputError(f"cannot read {p}: {exc}") from exc
+    if p.suffix == ".json" or text.lstrip().startswith("{"):
+        try:
+            data = json.loads(text)  # accepts NaN and Infinity
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{p} is not valid JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise InputError(f"{p}: expected a JSON object mapping step numbers to losses")
+        out: dict[int, float | None] = {}
+        for k, v in data.items():
+            try:
+                step = int(str(k))
+            except ValueError:
+                raise InputError(f"{p}: step {k!r} is not an integer") from None
+            out[step] = _curve_value(v, f"{p}: step {k}")
+        if not out:
+            raise InputError(f"{p}: the loss curve is empty")
+        return out
+    curve = logparse.read_losses(text.splitlines())
+    if not curve:
+        raise InputError(f"{p}: no 'iteration N/M' lines found: not a training log, and not a JSON loss curve")
+    return curve
+
+
+def curve_to_json(curve: dict[int, float | None]) -> dict[str, float | str | None]:
+    """For reports: non-finite values as strings (JSON has no NaN)."""
+    return {str(k): (v if v is None or math.isfinite(v) else str(v)) for k, v in sorted(curve.items())}
