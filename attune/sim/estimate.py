@@ -1,8 +1,8 @@
 """One recipe's predicted outcome, throughput, memory and step-time terms (no run-to-run noise).
 
 The order in which things go wrong follows a real job: argument validation and start-up failures
-first (crash), then memory (out of memory at model construction or in step 0), then defects that
-hang or stall step 0, then step-0 crashes. A recipe that survives all of them runs (`ok`), possibly
+first (crash), then memory at model construction, then a defect that crashes the first layer of
+step 0, then activation memory in step 0 (out of memory), then defects that hang or stall step 0. A recipe that survives all of them runs (`ok`), possibly
 training another objective (`objective` names the defect or the changed settings).
 """
 
@@ -83,6 +83,9 @@ def estimate_recipe(r: SimRecipe, c: Constants = DEFAULT, deepep_internode: bool
     if not mem.fits:
         peak = mem.peak
         at = "init" if peak.weights_gib + peak.buffers_gib > mem.capacity_gib else "step0"
+        crash = next((d for d in hits if d.effect == "crash_step0"), None)
+        if at == "step0" and crash is not None:  # fails in the first layer, before activations pile up
+            return Estimate("crash", crash.message, r, memory=mem, defects=hits, failure_at="step0")
         return Estimate(
             "oom",
             f"CUDA out of memory on pipeline stage {peak.stage}: needs {peak.peak_gib:.1f} GiB of "
@@ -113,7 +116,12 @@ def estimate(
     c: Constants = DEFAULT,
     deepep_internode: bool = False,
 ) -> Estimate:
-    """Estimate a recipe given as flags; Megatron's argument validation failures come back as crashes."""
+    """Estimate a recipe given as flags (model and accelerator by object or name); Megatron's argument
+    validation failures come back as crashes."""
+    from attune.sim.api import resolve_accelerator, resolve_model
+
+    model = resolve_model(model) if isinstance(model, str) else model
+    acc = resolve_accelerator(acc) if isinstance(acc, str) else acc
     try:
         r = build_recipe(model, acc, gpus, args, env, gpus_per_node)
     except RecipeError as exc:

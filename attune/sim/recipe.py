@@ -666,6 +666,14 @@ _DERIVED_ORDER = (
 )
 
 
+def padded_vocab(r: SimRecipe) -> int:
+    """Megatron's padded vocabulary: a multiple of --make-vocab-size-divisible-by (128) x TP."""
+    raw = r.args.get("--make-vocab-size-divisible-by")
+    div = int(raw) if raw not in (None, True, False) else 128
+    m = max(div, 1) * r.tp
+    return -(-r.model.vocab // m) * m
+
+
 def flag_dest(flag: str) -> tuple[str, bool]:
     """(attribute name, stored value for a bare flag): `--no-x` stores False into x."""
     name = flag[2:]
@@ -720,7 +728,7 @@ def resolved_arguments(r: SimRecipe) -> dict[str, Any]:
         "expert_tensor_parallel_size": r.etp,
         "virtual_pipeline_model_parallel_size": r.vp if r.vp > 1 else None,
         "sequence_parallel": r.sequence_parallel,
-        "padded_vocab_size": m.padded_vocab(r.tp),
+        "padded_vocab_size": padded_vocab(r),
         "params_dtype": "torch.bfloat16",
         "accumulate_allreduce_grads_in_fp32": r.grad_bytes == 4,
         "transformer_pipeline_model_parallel_size": r.pp,

@@ -256,13 +256,13 @@ def _finish(plan: RunPlan, settings: SimSettings, job_key: str, nodes: list[str]
             kept.append((t + 1.0, f"slurmstepd: error: *** JOB {job_key} ON {bad} CANCELLED AT "
                                   f"{ml.timestamp(start_epoch + t + 1.0)[:19]} DUE TO NODE FAILURE ***"))
             return RunPlan("infrastructure", "infrastructure", None, t + 1.0, kept, f"node failure on {bad}",
-                           plan.estimate, [s for s in plan.step_times], {}, last_progress_s=min(plan.last_progress_s, t))
+                           plan.estimate, list(plan.step_times_s), {}, last_progress_s=min(plan.last_progress_s, t))
     if limit is not None and plan.duration_s > limit:
         kept = [(tt, line) for tt, line in plan.lines if tt < limit]
         kept.append((limit, f"slurmstepd: error: *** JOB {job_key} ON {nodes[0] if nodes else 'sim-node-000'} "
                             f"CANCELLED AT {ml.timestamp(start_epoch + limit)[:19]} DUE TO TIME LIMIT ***"))
         outcome = plan.outcome if plan.outcome != "ok" else "hang"
         return RunPlan(outcome, "timeout", None, limit, kept, f"time limit ({limit:.0f} s)", plan.estimate,
-                       plan.step_times, plan.losses, last_progress_s=min(plan.last_progress_s, limit))
+                       plan.step_times_s, plan.losses, last_progress_s=min(plan.last_progress_s, limit))
     return plan
 
