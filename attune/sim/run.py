@@ -9,12 +9,13 @@ is written. The backend then releases the lines as its clock passes them.
 Charging follows the paper: a job holds its GPUs from start to release, start-up included; a failed
 job is released where it fails (argument errors after seconds, out of memory at model construction
 or in step 0, a hang when the NCCL watchdog aborts it, a stall when the cluster's no-progress watchdog
-or the time limit kills it).
+or the time limit kills it, or a step so slow that the log does not advance for `hang_kill_s`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -222,6 +223,17 @@ def plan_run(
         if recipe.profile and k == prof_end - 1:
             trace_at = t
     at(t + 3.0, f"[after training is done] datetime: {ml.timestamp(start_epoch + t + 3.0)}")
+    # the cluster's watchdog: a job whose log does not advance for hang_kill_s is cancelled as hung
+    progress = [startup] + [startup + sum(step_times[: i + 1]) for i in range(len(step_times))]
+    for prev, nxt in itertools.pairwise(progress):
+        if nxt - prev > settings.hang_kill_s:
+            kill = prev + settings.hang_kill_s
+            kept = [(tt, line) for tt, line in lines if tt <= prev]
+            kept.append((kill, f"[sim] no log progress for {settings.hang_kill_s:.0f} s: the cluster's watchdog "
+                               f"cancels the job as hung (a step takes {nxt - prev:.0f} s)"))
+            return _finish(RunPlan("hang", "timeout", None, kill, kept, "no log progress (a step outlasts the "
+                                   "watchdog)", est, step_times, {}, last_progress_s=prev),
+                           settings, job_key, nodes, start_epoch, limit)
     plan = RunPlan("ok", "completed", 0, t + 5.0, lines, est.reason, est, step_times, losses, last_progress_s=t)
     if recipe.profile and trace_at is not None:
         from attune.sim.kineto import trace_writer
