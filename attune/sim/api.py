@@ -1,13 +1,12 @@
-"""Entry points of the simulator: a campaign's baseline (plus overrides) -> a recipe -> an estimate."""
+"""Small entry-point helpers: names to models and accelerators, command lines and --set overrides to flags."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from attune.layouts import LayoutError, ModelDims, find_model
 from attune.sim.hardware import Accelerator, HardwareError, accelerator
-from attune.sim.recipe import ArgValue, RecipeError, SimRecipe, build_recipe, parse_argv
+from attune.sim.recipe import ArgValue, RecipeError, parse_argv
 
 PROGRAM_SUFFIXES = (".py",)
 
@@ -78,43 +77,12 @@ def apply_overrides(args: Mapping[str, ArgValue], overrides: Mapping[str, ArgVal
     return out
 
 
-def recipe_for(
-    model: str | ModelDims,
-    accelerator_name: str | Accelerator,
-    gpus: int,
-    args: Mapping[str, ArgValue],
-    env: Mapping[str, str] | None = None,
-    gpus_per_node: int = 8,
-) -> SimRecipe:
-    """Build a recipe; raises RecipeError where Megatron would refuse it and SimInputError on bad input."""
-    m = resolve_model(model) if isinstance(model, str) else model
-    acc = resolve_accelerator(accelerator_name) if isinstance(accelerator_name, str) else accelerator_name
-    if gpus <= 0:
-        raise SimInputError(f"gpus must be positive, got {gpus}")
-    return build_recipe(m, acc, gpus, args, env, gpus_per_node)
-
-
-def spec_inputs(spec: Any, overrides: Mapping[str, ArgValue] | None = None) -> dict[str, Any]:
-    """(model, accelerator, gpus, gpus_per_node, args, env) of a campaign spec's baseline + overrides."""
-    args = apply_overrides(spec.baseline.args, overrides or {})
-    return {
-        "model": spec.model,
-        "accelerator_name": spec.cluster.accelerator,
-        "gpus": spec.cluster.gpus,
-        "args": args,
-        "env": dict(spec.baseline.env),
-        "gpus_per_node": spec.cluster.gpus_per_node,
-    }
-
-
 __all__ = [
     "RecipeError",
     "SimInputError",
     "apply_overrides",
     "args_from_command",
     "parse_override",
-    "recipe_for",
     "resolve_accelerator",
     "resolve_model",
-    "spec_inputs",
 ]
