@@ -64,6 +64,6 @@ def test_trace_breakdown_matches_the_model_terms(tmp_path, model, changes):
         share["step_overhead"] + share["optimizer_offload"], abs=0.01)
     # the slowest stage's largest wait is the model's largest non-compute term
     biggest = max((k for k in step.terms if k not in ("compute", "recompute", "optimizer")), key=step.terms.get)
-    expected = {"host_launch": "launch", "ep_a2a": "all_to_all", "optimizer_offload": "python",
-                "step_overhead": "python", "pipeline_p2p": "pipeline_p2p", "pipeline_bubble": "pipeline_p2p"}
+    expected = {"host_launch": "host_launch", "ep_a2a": "all_to_all", "optimizer_offload": "host_python",
+                "step_overhead": "host_python", "pipeline_p2p": "pipeline_p2p", "pipeline_bubble": "pipeline_p2p"}
     assert report.stages[step.critical_stage].waits_on[0].what == expected[biggest]
