@@ -66,6 +66,9 @@ class CampaignHandle:
         out = decision.as_dict()
         if not decision.admitted:
             return out
+        return self._submit(decision, out)
+
+    def _submit(self, decision: Admission, out: dict[str, Any]) -> dict[str, Any]:
         assert decision.job is not None and decision.run_id is not None
         job = decision.job
         spec = JobSpec(
@@ -127,7 +130,29 @@ class CampaignHandle:
                 except Exception as exc:  # one bad run must not stop the watch of the others
                     log.exception("campaign %s: polling run %s failed", self.name, run.run_id)
                     events.append(f"{run.run_id}: poll error {exc}")
+            try:
+                events += self.advance_shipping()
+            except Exception as exc:
+                log.exception("campaign %s: shipping step failed", self.name)
+                events.append(f"shipping error {exc}")
         return events
+
+    def advance_shipping(self) -> list[str]:
+        """After the stop: the control plane's shipping step (checks, ship, final re-measurement)."""
+        from attune import shipping
+
+        state = self.control.state()
+        if not shipping.is_due(state) or state.in_flight:
+            return []
+        before = state.shipped
+        decision = shipping.advance(self.control, self.backend)
+        if decision is not None:
+            out = self._submit(decision, decision.as_dict())
+            return [f"shipping: {decision.kind} run {decision.run_id} submitted={out.get('submitted')}"]
+        after = self.control.state().shipped
+        if before is None and after is not None:
+            return [f"shipping: shipped {after.get('run_id')} ({after.get('reason')})"]
+        return []
 
     def _poll_run(self, run: RunState) -> list[str]:
         if run.backend_id is None:
