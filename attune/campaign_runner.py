@@ -15,7 +15,9 @@ is resumed with `--resume`; shipping carries on from its last row.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -216,12 +218,19 @@ class CampaignRunner:
         self.watcher = LedgerWatcher(self.dir)
         self.replayed = 0
         self.notes: list[str] = []
+        self._progress_lock = threading.Lock()
 
     # --- plumbing ---------------------------------------------------------------------------
     def _progress(self) -> None:
-        for line in self.watcher.poll():
-            if self.say:
-                self.say(line)
+        with self._progress_lock:
+            for line in self.watcher.poll():
+                if self.say:
+                    self.say(line)
+
+    def _progress_loop(self, stop: threading.Event) -> None:
+        while not stop.wait(self.poll_s):
+            with contextlib.suppress(Exception):  # progress output must never stop the campaign
+                self._progress()
 
     def state(self) -> CampaignState:
         st, _ = load(self.dir)
@@ -259,13 +268,20 @@ class CampaignRunner:
             make_tuner(spec, self.tuner_name, self.seed, self.max_passes)  # a bad search space fails before any run
         self._ensure_broker()
         self._progress()
-        if self.tuner_name == "claude":
-            self.run_claude()
-        else:
-            with self._client() as client:
-                self.calibrate(client, spec)
-                self.search(client, spec)
-        st = self._wait(shipping.done, "shipping")
+        stop = threading.Event()
+        ticker = threading.Thread(target=self._progress_loop, args=(stop,), name="attune-progress", daemon=True)
+        ticker.start()
+        try:
+            if self.tuner_name == "claude":
+                self.run_claude()
+            else:
+                with self._client() as client:
+                    self.calibrate(client, spec)
+                    self.search(client, spec)
+            st = self._wait(shipping.done, "shipping")
+        finally:
+            stop.set()
+            ticker.join(timeout=5)
         self._progress()
         md, page, rep = report_mod.write(self.dir)
         return TuneResult(self.dir, self.tuner_name, (st.shipped or {}).get("run_id"), md, page,
