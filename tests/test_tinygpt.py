@@ -51,13 +51,14 @@ MEM_RE = re.compile(
 
 
 def run_tinygpt(tmp: Path, name: str, nproc: int, *args: str, fault: str | None = None,
-                iters: int = SHORT) -> tuple[str, dict]:
+                iters: int = SHORT, env_extra: dict[str, str] | None = None) -> tuple[str, dict]:
     """Run tinygpt for real; return its stdout and the --metrics-out JSON."""
     metrics = tmp / f"{name}.json"
     env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, "RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["OMP_NUM_THREADS"] = "1"
     if fault:
         env[FAULT_ENV] = fault
+    env.update(env_extra or {})
     launch = [sys.executable, str(TRAIN)] if nproc == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), str(TRAIN)]
     cmd = [*launch, "--train-iters", str(iters), "--metrics-out", str(metrics), *args]
@@ -334,3 +335,15 @@ def test_faults_change_the_loss_and_are_not_in_the_arguments(runs):
     assert all(r["load_balancing_loss"] == 0.0 for r in m["iterations"])
     assert "load_balancing_loss" not in out  # a zero loss is omitted, as Megatron does
     assert max_rel(losses(m), losses(moe)) > CHANGED_MIN
+
+
+@pytest.mark.slow
+def test_torch_compile_keeps_the_loss_curve(tmp_path):
+    """torch.compile on a 1-layer model (a cold inductor compile of the default model takes longer)."""
+    small = ("--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "64",
+             "--global-batch-size", "4", "--micro-batch-size", "2")
+    cache = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    _, eager = run_tinygpt(tmp_path, "eager", 1, *small, iters=3)
+    out, compiled = run_tinygpt(tmp_path, "compiled", 1, *small, "--torch-compile", iters=3, env_extra=cache)
+    assert arg_values(out)["torch_compile"] == "True"
+    assert max_rel(losses(compiled), losses(eager)) < EQUAL_RTOL

@@ -304,7 +304,7 @@ def run(a: argparse.Namespace, data: PackedRows, fault: str | None) -> int:
     local = {"rank": rank, "memory": memory_reports, "peak_memory_mib": max(m["max_allocated_mib"] for m in memory_reports),
              "memory_kind": memory_reports[-1]["kind"], "step_time_ms": [r["step_time_ms"] for r in records],
              "rows_verified": tr.rows_read, "trace_files": trace_files}
-    gathered = _gather_json(local, world)
+    gathered = _gather_json(local, world, tr.device)
     if rank == last and a.metrics_out is not None:
         _write_json(a.metrics_out, {
             "format": "tinygpt-metrics-v1",
@@ -326,7 +326,7 @@ def run(a: argparse.Namespace, data: PackedRows, fault: str | None) -> int:
     return 0
 
 
-def _gather_json(obj: dict, world: int) -> list[dict]:
+def _gather_json(obj: dict, world: int, device: torch.device) -> list[dict]:
     """All-gather a JSON-able dict from every rank.
 
     Uses plain tensors built by copy: ``all_gather_object`` hands gloo tensors that borrow Python
@@ -335,13 +335,13 @@ def _gather_json(obj: dict, world: int) -> list[dict]:
     if world == 1:
         return [obj]
     raw = json.dumps(obj).encode()
-    n = torch.tensor([len(raw)], dtype=torch.int64)
+    n = torch.tensor([len(raw)], dtype=torch.int64, device=device)
     dist.all_reduce(n, op=dist.ReduceOp.MAX)
-    buf = torch.zeros(int(n.item()), dtype=torch.uint8)
-    buf[: len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+    buf = torch.zeros(int(n.item()), dtype=torch.uint8, device=device)
+    buf[: len(raw)] = torch.tensor(list(raw), dtype=torch.uint8, device=device)
     out = [torch.zeros_like(buf) for _ in range(world)]
     dist.all_gather(out, buf)
-    return [json.loads(bytes(t.tolist()).rstrip(b"\0").decode()) for t in out]
+    return [json.loads(bytes(t.cpu().tolist()).rstrip(b"\0").decode()) for t in out]
 
 
 def _profile(tr: Trainer, a: argparse.Namespace) -> list[str]:

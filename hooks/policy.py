@@ -1,0 +1,507 @@
+"""The PreToolUse policy of a campaign session: deny by default, allow what is listed.
+
+`Policy.for_campaign(campaign, cwd)` builds the allow-lists; `policy.decide(tool, input)`
+returns a `Decision` (allow or deny, with the reason the agent is shown).
+
+- Reads and searches (Read, Glob, Grep, NotebookRead, LS) only inside the read roots: the
+  campaign directory, the plugin, and policy.yaml's `read_paths`.
+- Edits and writes (Edit, MultiEdit, Write, NotebookEdit, shell redirections) only inside the
+  write roots: the campaign's `notes/` directory and policy.yaml's `write_paths`, and never a
+  protected path: the ledger, the spec, the policy, the hook log, the broker's audit log, the
+  runs and shipped directories, the correctness lists, the plugin itself, the plugin's data
+  directory, and Claude Code's settings.
+- Shell commands: one simple command, no chaining, substitutions or expansions (see
+  hooks/shell.py), which is either a listed read-only command whose arguments stay inside the
+  read roots, an allowed `attune` read-only subcommand, or one of the skill's own scripts.
+- The four attune MCP servers' tools are allowed; other servers' tools and web tools are denied.
+- Tools not named here are denied (policy.yaml's `tools` may add some).
+AskUserQuestion is answered by the hook itself (see pre_tool_use.py).
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from hooks import runtime, shell
+
+TYPE_CHECKING = False  # no typing import at run time: hooks start on every tool call
+if TYPE_CHECKING:
+    from typing import Any
+
+ATTUNE_SERVERS = ("broker", "metrics", "traces", "gate")
+MCP_PREFIX = "mcp__plugin_attune_"
+SKILL_SCRIPTS = os.path.join("skills", "attune", "scripts")
+NOTES_DIR = "notes"
+
+# Campaign files no tool may write (relative to the campaign directory).
+PROTECTED_IN_CAMPAIGN = (
+    "campaign.yaml",
+    runtime.POLICY_FILE,
+    "ledger.jsonl",
+    "ledger.torn",
+    runtime.HOOK_LOG,
+    "audit.jsonl",
+    "runs",
+    "shipped",
+    ".claude",
+)
+
+# Tools that read no files and write none, or only within the session's own bookkeeping.
+SAFE_TOOLS = frozenset({
+    "TodoWrite", "ToolSearch", "Skill", "Task", "Agent", "TaskCreate", "TaskUpdate", "TaskList", "TaskGet",
+    "BashOutput", "TaskOutput", "ExitPlanMode", "EnterPlanMode", "SlashCommand", "ListMcpResourcesTool",
+})
+READ_TOOLS = {"Read": "file_path", "NotebookRead": "notebook_path", "LS": "path"}
+SEARCH_TOOLS = {"Glob", "Grep"}
+WRITE_TOOLS = {"Edit": "file_path", "MultiEdit": "file_path", "Write": "file_path", "NotebookEdit": "notebook_path"}
+WEB_TOOLS = frozenset({"WebFetch", "WebSearch"})
+
+# Read-only commands: name -> options that would make them write, execute or change state.
+READ_ONLY: dict[str, tuple[str, ...]] = {
+    "ls": (), "cat": (), "head": (), "tail": (), "wc": (), "stat": (), "du": (), "df": (),
+    # following symbolic links while recursing could leave the allow-list: -R, --follow, -L
+    "grep": ("-R", "--dereference-recursive"), "egrep": ("-R", "--dereference-recursive"),
+    "fgrep": ("-R", "--dereference-recursive"), "rg": ("--pre", "--pre-glob", "-L", "--follow"),
+    "find": ("-exec", "-execdir", "-ok", "-okdir", "-delete", "-fprint", "-fprint0", "-fprintf", "-fls", "-L",
+             "-follow"),
+    "file": ("-C", "--compile"), "diff": (), "cmp": (), "comm": (), "join": (), "paste": (),
+    "sort": ("-o", "--output", "--compress-program"), "uniq": (), "cut": (), "tr": (), "nl": (),
+    "column": (), "fold": (), "tac": (), "rev": (), "expand": (), "jq": (), "numfmt": (),
+    "md5sum": (), "sha1sum": (), "sha256sum": (), "basename": (), "dirname": (), "realpath": (),
+    "readlink": (), "pwd": (), "echo": (), "printf": (), "date": ("-s", "--set"), "true": (), "false": (),
+    "tree": ("-o",), "seq": (), "sleep": (), "nproc": (), "uname": (), "whoami": (), "id": (),
+    "which": (), "od": (), "hexdump": (), "strings": (),
+}
+# Commands whose positional arguments are data, not paths (checked only for options).
+NO_PATH_ARGS = frozenset({"echo", "printf", "seq", "sleep", "numfmt", "basename", "dirname"})
+ATTUNE_READ_ONLY = (("status",), ("ledger", "show"), ("ledger", "verify"), ("validate",), ("schema",),
+                    ("--version",), ("--help",), ("-h",))
+
+_CATEGORIES: list[tuple[str, frozenset[str]]] = [
+    ("is a network tool: a campaign session has no network access; the broker reaches the cluster", frozenset({
+        "curl", "wget", "nc", "ncat", "netcat", "ssh", "scp", "sftp", "rsync", "ftp", "tftp", "telnet", "socat",
+        "http", "https", "httpie", "xh", "aria2c", "lynx", "links", "w3m", "ping", "dig", "nslookup", "host",
+        "traceroute", "nmap", "openssl", "git", "gh", "s3cmd", "aws", "gsutil", "gcloud", "az", "rclone",
+    })),
+    ("installs packages: a campaign runs with what is installed", frozenset({
+        "pip", "pip3", "pipx", "uv", "uvx", "conda", "mamba", "micromamba", "npm", "npx", "pnpm", "yarn",
+        "apt", "apt-get", "aptitude", "dpkg", "yum", "dnf", "rpm", "apk", "brew", "gem", "cargo", "go",
+        "easy_install", "poetry", "pdm", "hatch", "spack", "snap", "flatpak", "nix", "nix-env",
+    })),
+    ("is a direct cluster or container command: launch, watch and cancel jobs through the broker's tools", frozenset({
+        "sbatch", "srun", "scancel", "squeue", "sinfo", "sacct", "scontrol", "salloc", "sattach", "sstat",
+        "sprio", "sshare", "sreport", "sacctmgr", "strigger", "kubectl", "helm", "k9s", "oc", "kustomize",
+        "qsub", "qdel", "qstat", "qalter", "bsub", "bkill", "bjobs", "flux", "enroot", "docker", "podman",
+        "singularity", "apptainer", "nvidia-smi", "torchrun", "mpirun", "mpiexec", "deepspeed",
+    })),
+    ("changes privileges or ownership", frozenset({
+        "sudo", "su", "doas", "pkexec", "runuser", "chmod", "chown", "chgrp", "setfacl", "chattr", "setcap",
+        "newgrp", "sg", "passwd", "useradd", "usermod", "visudo", "mount", "umount", "chroot", "unshare",
+        "nsenter", "capsh", "setpriv", "hostname",
+    })),
+    ("ends or signals processes: cancel runs through the broker", frozenset({
+        "kill", "pkill", "killall", "xkill", "skill", "slay", "fuser", "systemctl", "service", "shutdown",
+        "reboot", "halt", "poweroff", "init", "telinit", "renice",
+    })),
+    ("runs other programs or code: only listed commands and the skill's scripts run", frozenset({
+        "bash", "sh", "zsh", "dash", "ksh", "fish", "csh", "tcsh", "perl", "ruby", "node", "deno", "bun",
+        "php", "lua", "tclsh", "awk", "gawk", "mawk", "eval", "exec", "source", ".", "env", "command",
+        "builtin", "nohup", "xargs", "timeout", "nice", "ionice", "stdbuf", "time", "watch", "setsid",
+        "parallel", "script", "expect", "screen", "tmux", "busybox", "make", "cmake", "gcc", "cc", "ld",
+        "sed", "vi", "vim", "nano", "emacs", "ed", "less", "more", "man", "crontab", "at", "batch", "trap",
+        "alias", "export", "set", "unset", "declare", "typeset", "readonly", "local", "let", "cd", "pushd",
+        "popd", "ulimit", "umask", "jupyter", "ipython", "pytest",
+    })),
+    ("writes, moves or deletes files: write notes with the Write or Edit tool", frozenset({
+        "rm", "rmdir", "mv", "cp", "tee", "dd", "touch", "mkdir", "ln", "truncate", "install", "shred",
+        "patch", "unzip", "tar", "gzip", "gunzip", "zip", "bzip2", "xz", "7z", "split", "csplit", "mkfifo",
+        "mknod", "xxd", "sponge", "unlink", "rename",
+    })),
+]
+
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_PYTHON = re.compile(r"^python(3(\.\d+)?)?$")
+_PY_SAFE_FLAGS = frozenset({"-u", "-B", "-I", "-E", "-s", "-S", "-O", "-OO", "-X", "-W"})
+GLOB_MATCH_LIMIT = 2000
+
+
+class Decision:
+    """allow or deny, the reason the agent is shown, and what was decided on (for the log)."""
+
+    __slots__ = ("decision", "reason", "subject")
+
+    def __init__(self, decision: str, reason: str, subject: str = "") -> None:
+        self.decision, self.reason, self.subject = decision, reason, subject
+
+    def __repr__(self) -> str:
+        return f"Decision({self.decision!r}, {self.reason!r}, {self.subject!r})"
+
+
+def allow(reason: str, subject: str = "") -> Decision:
+    return Decision("allow", reason, subject)
+
+
+def deny(reason: str, subject: str = "") -> Decision:
+    return Decision("deny", reason, subject)
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def category(name: str) -> str | None:
+    base = os.path.basename(name)
+    for why, names in _CATEGORIES:
+        if base in names:
+            return why
+    if _PYTHON.match(base) or base.startswith("python"):
+        return "runs other programs or code: only the skill's scripts run under python"
+    return None
+
+
+class Policy:
+    """A campaign's allow-lists; build it with `Policy.for_campaign`."""
+
+    def __init__(self, campaign: str, cwd: str, plugin_root: str, read_roots: list[str], write_roots: list[str],
+                 protected: list[str], extra_commands: frozenset[str], extra_tools: frozenset[str]) -> None:
+        self.campaign, self.cwd, self.plugin_root = campaign, cwd, plugin_root
+        self.read_roots, self.write_roots, self.protected = read_roots, write_roots, protected
+        self.extra_commands, self.extra_tools = extra_commands, extra_tools
+
+    @classmethod
+    def for_campaign(cls, campaign: str, cwd: str | None = None, plugin_root: str | None = None) -> Policy:
+        """Build a campaign's policy; raises runtime.PolicyFileError on a bad policy.yaml."""
+        campaign = os.path.realpath(campaign)
+        root = os.path.realpath(plugin_root or runtime.PLUGIN_ROOT)
+        extra = runtime.load_policy(campaign)
+
+        def resolve(p: str) -> str:
+            return os.path.realpath(os.path.join(campaign, os.path.expanduser(p)))
+
+        protected = [os.path.join(campaign, p) for p in PROTECTED_IN_CAMPAIGN]
+        protected.append(root)
+        protected.append(os.path.join(root, "gate", "lists"))
+        lists = _spec_lists_path(campaign)
+        if lists:
+            protected.append(os.path.realpath(os.path.join(campaign, lists)))
+            protected.append(os.path.realpath(os.path.join(root, lists)))
+        for env in ("CLAUDE_PLUGIN_DATA", "CLAUDE_CONFIG_DIR"):
+            if os.environ.get(env):
+                protected.append(os.path.realpath(os.environ[env]))
+        home = os.path.expanduser("~")
+        if home and home != "~":
+            protected.append(os.path.realpath(os.path.join(home, ".claude")))
+            protected.append(os.path.realpath(os.path.join(home, ".claude.json")))
+        project = os.environ.get("CLAUDE_PROJECT_DIR")
+        if project:
+            protected.append(os.path.realpath(os.path.join(project, ".claude")))
+            protected.append(os.path.realpath(os.path.join(project, ".mcp.json")))
+        protected = [os.path.realpath(p) for p in protected]
+        return cls(
+            campaign=campaign,
+            cwd=os.path.realpath(cwd or campaign),
+            plugin_root=root,
+            read_roots=[campaign, root, *[resolve(p) for p in extra.get("read_paths", [])]],
+            write_roots=[os.path.join(campaign, NOTES_DIR), *[resolve(p) for p in extra.get("write_paths", [])]],
+            protected=protected,
+            extra_commands=frozenset(extra.get("commands", [])),
+            extra_tools=frozenset(extra.get("tools", [])),
+        )
+
+    # ------------------------------------------------------------------ paths
+    @property
+    def notes(self) -> str:
+        return os.path.join(self.campaign, NOTES_DIR)
+
+    @property
+    def scripts_dir(self) -> str:
+        return os.path.join(self.plugin_root, SKILL_SCRIPTS)
+
+    def real(self, path: str) -> str:
+        return os.path.realpath(os.path.join(self.cwd, path))
+
+    def readable(self, path: str) -> bool:
+        real = self.real(path)
+        if real in ("/dev/null",):
+            return True
+        return any(_inside(real, r) for r in self.read_roots)
+
+    def write_problem(self, path: str) -> str | None:
+        """None if the path may be written, else why not."""
+        real = self.real(path)
+        if real == "/dev/null":
+            return None
+        for p in self.protected:
+            if p == self.plugin_root and _inside(real, self.campaign):
+                continue  # a campaign inside the plugin's tree (examples/) keeps its notes writable
+            if _inside(real, p):
+                if _inside(real, self.plugin_root):
+                    return f"{path} is part of the attune plugin (code, skill, correctness lists): never writable"
+                return f"{path} is protected (the ledger, campaign spec, policy, logs, runs and settings are never writable)"
+        if any(_inside(real, r) for r in self.write_roots):
+            return None
+        return f"{path} is outside the campaign's notes ({self.notes}): writes go only to the notes"
+
+    def read_problem(self, path: str, what: str = "reads") -> str | None:
+        if self.readable(path):
+            return None
+        return f"{path} is outside the campaign's allow-list for {what} (the campaign, the plugin, policy.yaml read_paths)"
+
+    def _glob_problem(self, word: shell.Word) -> str | None:
+        text = word.text
+        parts = text.split("/")
+        if ".." in parts:
+            return f"the pattern {text!r} climbs out with '..'"
+        for part in parts:
+            if part.startswith(".") and any(c in part for c in "*?["):
+                return f"the pattern {text!r} has a component that could match '..'"
+        cut = min(i for i, c in enumerate(text) if c in "*?[")
+        base = os.path.dirname(text[:cut]) or "."
+        if not self.readable(base):
+            return f"the pattern {text!r} searches {base}, outside the campaign's allow-list for reads"
+
+        import glob as globmod  # only patterns need it
+
+        matches = globmod.glob(text, root_dir=self.cwd) if not os.path.isabs(text) else globmod.glob(text)
+        for m in matches[:GLOB_MATCH_LIMIT]:
+            problem = self.read_problem(m)
+            if problem:
+                return f"the pattern {text!r} matches {m}: {problem}"
+        if len(matches) > GLOB_MATCH_LIMIT:
+            return f"the pattern {text!r} matches more than {GLOB_MATCH_LIMIT} paths"
+        return None
+
+    def _arg_problem(self, word: shell.Word, positional: bool) -> str | None:
+        """A read-path check on one argument (conservative: option values are checked too)."""
+        if word.glob:
+            return self._glob_problem(word)
+        text = word.text
+        if not text:
+            return None
+        candidates: list[str] = []
+        if positional:
+            candidates.append(text)
+        elif text.startswith("--"):
+            if "=" in text:
+                candidates.append(text.split("=", 1)[1])
+        else:
+            # -fVALUE or combined flags (-nfVALUE): every suffix up to the first '/' may be a value.
+            slash = text.find("/")
+            stop = slash if slash >= 0 else len(text)
+            candidates.extend(text[j:] for j in range(2, stop + 1) if text[j:])
+        for c in candidates:
+            if c.startswith("~"):
+                return f"{c} starts with '~'; write the path out"
+            problem = self.read_problem(c)
+            if problem:
+                return problem
+        return None
+
+    # ------------------------------------------------------------------ shell
+    def decide_bash(self, command: Any) -> Decision:
+        if not isinstance(command, str) or not command.strip():
+            return deny("an empty or missing shell command", runtime.clip(command))
+        subject = runtime.clip(command)
+        try:
+            words, redirs = shell.lex(command)
+        except shell.Refused as exc:
+            return deny(f"shell command denied: {exc}", subject)
+        if not words:
+            return deny("shell command denied: only redirections, no command", subject)
+        head = words[0]
+        if not head.quoted and _ASSIGNMENT.match(head.text):
+            return deny("shell command denied: it sets environment variables before the command", subject)
+        if head.glob:
+            return deny(f"shell command denied: the command name {head.text!r} is a pattern", subject)
+        for r in redirs:
+            if r.is_dup:
+                continue
+            if r.is_output:
+                problem = self.write_problem(r.target.text)
+                if problem:
+                    return deny(f"shell command denied: redirection {r.op} {r.target.text}: {problem}", subject)
+            else:
+                problem = self.read_problem(r.target.text)
+                if problem:
+                    return deny(f"shell command denied: input redirection: {problem}", subject)
+        return self._decide_program(words, subject)
+
+    def _decide_program(self, words: list[shell.Word], subject: str) -> Decision:
+        name = words[0].text
+        args = words[1:]
+        base = os.path.basename(name)
+        if not name:
+            return deny("shell command denied: an empty command name", subject)
+        # The skill's own scripts, run directly or under python/bash/sh.
+        if "/" in name:
+            script = self.real(name)
+            if self._is_skill_script(script):
+                return self._check_args(args, subject, "the skill's script " + os.path.basename(script))
+            if _PYTHON.match(base) and self._interpreter_ok(script):
+                return self._python(args, subject)
+            why = category(base)
+            detail = f" ({base} {why})" if why else ""
+            return deny(f"shell command denied: {name} runs a program by path{detail}; "
+                        f"only the skill's scripts in {self.scripts_dir} run that way", subject)
+        if _PYTHON.match(name):
+            return self._python(args, subject)
+        if name in ("bash", "sh") and args and self._is_skill_script(self.real(args[0].text)):
+            return self._check_args(args[1:], subject, "the skill's script " + os.path.basename(args[0].text))
+        if name == "attune":
+            return self._attune(args, subject)
+        if name in READ_ONLY or name in self.extra_commands:
+            for a in args:
+                for bad in READ_ONLY.get(name, ()):
+                    short = len(bad) == 2 and bad[0] == "-"
+                    if a.text == bad or a.text.startswith(bad + "=") or (
+                        # a short option anywhere in a cluster (-nR), conservatively
+                        short and a.text.startswith("-") and not a.text.startswith("--") and bad[1] in a.text[1:]
+                        and name != "find"
+                    ):
+                        return deny(f"shell command denied: {name} {bad} writes, runs programs, follows links "
+                                    "out of the allow-list or changes state", subject)
+            if name == "uniq" and sum(1 for a in args if not a.text.startswith("-")) > 1:
+                return deny("shell command denied: uniq with a second file name writes to it", subject)
+            if name == "find":
+                for a in args:
+                    if a.text.startswith("-") and (a.text.startswith("-exec") or a.text.startswith("-ok")
+                                                   or a.text.startswith("-fprint") or a.text == "-delete"):
+                        return deny(f"shell command denied: find {a.text} runs programs or writes", subject)
+            if name in NO_PATH_ARGS:
+                return allow(f"read-only command {name}", subject)
+            return self._check_args(args, subject, f"read-only command {name}")
+        why = category(name)
+        if why:
+            return deny(f"shell command denied: {name} {why}", subject)
+        return deny(f"shell command denied: {name} is not on the campaign's allow-list of read-only commands "
+                    "(policy.yaml `commands` may add it)", subject)
+
+    def _is_skill_script(self, real: str) -> bool:
+        return _inside(real, self.scripts_dir) and real != self.scripts_dir and os.path.isfile(real)
+
+    def _interpreter_ok(self, real: str) -> bool:
+        base = os.path.basename(real)
+        if not (_PYTHON.match(base) or base.startswith("python")):
+            return False
+        return not any(_inside(real, r) for r in self.write_roots) and os.access(real, os.X_OK)
+
+    def _python(self, args: list[shell.Word], subject: str) -> Decision:
+        i = 0
+        while i < len(args) and args[i].text.startswith("-"):
+            flag = args[i].text
+            if flag not in _PY_SAFE_FLAGS:
+                return deny(f"shell command denied: python {flag} runs code that is not one of the skill's scripts",
+                            subject)
+            i += 2 if flag in ("-X", "-W") else 1
+        if i >= len(args):
+            return deny("shell command denied: an interactive python; only the skill's scripts run", subject)
+        script = self.real(args[i].text)
+        if not self._is_skill_script(script):
+            return deny(f"shell command denied: python runs only the skill's scripts ({self.scripts_dir}), "
+                        f"not {args[i].text}", subject)
+        return self._check_args(args[i + 1 :], subject, "the skill's script " + os.path.basename(script))
+
+    def _attune(self, args: list[shell.Word], subject: str) -> Decision:
+        texts = tuple(a.text for a in args)
+        for prefix in ATTUNE_READ_ONLY:
+            if texts[: len(prefix)] == prefix:
+                return self._check_args(args[len(prefix) :], subject, "attune " + " ".join(prefix))
+        shown = " ".join(texts[:2])
+        return deny(f"shell command denied: attune {shown} is not a read-only subcommand "
+                    "(allowed: status, ledger show, ledger verify, validate, schema)", subject)
+
+    def _check_args(self, args: list[shell.Word], subject: str, what: str) -> Decision:
+        positional_only = False
+        for a in args:
+            if a.text == "--" and not a.quoted:
+                positional_only = True
+                continue
+            positional = positional_only or not a.text.startswith("-")
+            problem = self._arg_problem(a, positional)
+            if problem:
+                return deny(f"shell command denied: {problem}", subject)
+        return allow(what, subject)
+
+    # ------------------------------------------------------------------ tools
+    def decide(self, tool: str, tool_input: Any) -> Decision:
+        if not isinstance(tool_input, dict):
+            return deny(f"{tool}: the tool input is not an object")
+        if tool == "Bash":
+            return self.decide_bash(tool_input.get("command"))
+        if tool in READ_TOOLS:
+            path = tool_input.get(READ_TOOLS[tool]) or (self.cwd if tool == "LS" else None)
+            if not isinstance(path, str) or not path:
+                return deny(f"{tool}: no path given")
+            problem = self.read_problem(path)
+            return deny(f"{tool} denied: {problem}", path) if problem else allow(f"{tool} inside the allow-list", path)
+        if tool in SEARCH_TOOLS:
+            return self._decide_search(tool, tool_input)
+        if tool in WRITE_TOOLS:
+            path = tool_input.get(WRITE_TOOLS[tool])
+            if not isinstance(path, str) or not path:
+                return deny(f"{tool}: no path given")
+            problem = self.write_problem(path)
+            return deny(f"{tool} denied: {problem}", path) if problem else allow(f"{tool} in the notes", path)
+        if tool in WEB_TOOLS:
+            return deny(f"{tool} denied: web tools are off in a campaign session")
+        if tool.startswith("mcp__"):
+            for server in ATTUNE_SERVERS:
+                if tool.startswith(f"{MCP_PREFIX}{server}__"):
+                    return allow(f"attune's {server} server", tool)
+            if tool in self.extra_tools:
+                return allow("listed in policy.yaml tools", tool)
+            return deny(f"{tool} denied: only attune's own MCP servers ({', '.join(ATTUNE_SERVERS)}) "
+                        "are used in a campaign session", tool)
+        if tool == "ReadMcpResourceTool":
+            server = str(tool_input.get("server", ""))
+            if "attune" in server:
+                return allow("a resource of attune's servers", server)
+            return deny(f"ReadMcpResourceTool denied: server {server!r} is not one of attune's", server)
+        if tool in SAFE_TOOLS or tool in self.extra_tools:
+            return allow(f"{tool} reads and writes no files")
+        return deny(f"{tool} denied: not on the campaign's tool allow-list (policy.yaml `tools` may add it)")
+
+    def _decide_search(self, tool: str, tool_input: dict[str, Any]) -> Decision:
+        path = tool_input.get("path") or self.cwd
+        if not isinstance(path, str):
+            return deny(f"{tool}: path must be a string")
+        problem = self.read_problem(path, "searches")
+        if problem:
+            return deny(f"{tool} denied: {problem}", path)
+        for key in ("pattern", "glob") if tool == "Glob" else ("glob",):
+            pat = tool_input.get(key)
+            if not isinstance(pat, str) or not pat:
+                continue
+            if ".." in pat.replace("\\", "/").split("/"):
+                return deny(f"{tool} denied: the pattern {pat!r} climbs out with '..'", path)
+            if os.path.isabs(pat):
+                cut = min([i for i, c in enumerate(pat) if c in "*?[{"] or [len(pat)])
+                problem = self.read_problem(os.path.dirname(pat[:cut]) or "/", "searches")
+                if problem:
+                    return deny(f"{tool} denied: {problem}", pat)
+        return allow(f"{tool} inside the allow-list", path)
+
+
+def _spec_lists_path(campaign: str) -> str | None:
+    """`gate.lists` of campaign.yaml, read with a line scan (no YAML library in hooks)."""
+    try:
+        with open(os.path.join(campaign, runtime.CAMPAIGN_FILE), encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    in_gate = False
+    for line in lines:
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if not line.startswith((" ", "\t")):
+            in_gate = line.split("#", 1)[0].strip() == "gate:"
+            continue
+        if in_gate:
+            key, sep, val = line.strip().partition(":")
+            if sep and key == "lists":
+                val = val.split(" #", 1)[0].strip().strip("'\"")
+                return val or None
+    return None

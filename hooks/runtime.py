@@ -1,0 +1,235 @@
+"""What every attune hook shares: finding the campaign, reading its policy, logging decisions.
+
+A session belongs to a campaign when its project directory (`CLAUDE_PROJECT_DIR`, else the
+hook input's `cwd`), or one of that directory's parents, holds a `campaign.yaml`. An explicit
+`ATTUNE_CAMPAIGN_DIR` in the environment names the campaign directly (the unattended launcher
+sets it). Outside a campaign every hook does nothing.
+
+`policy.yaml` (optional, in the campaign directory) extends the PreToolUse allow-list. It is read
+without a YAML library, so it must use this subset (or be a JSON object):
+
+    # comments after '#'
+    commands: [nvidia-smi, git]        # extra commands the shell policy runs (names only)
+    read_paths:                        # extra directories the agent may read and search
+      - /opt/Megatron-LM               #   relative paths are taken from the campaign directory
+    write_paths: [scratch]             # extra directories the agent may edit or write
+    tools: [NotebookRead]              # extra tool names (exact) the agent may call
+
+Each key takes a list of strings (a single string counts as a list of one); plain, 'single'
+or "double" quoted items; no other keys. A policy can only add to the allow-list: the protected
+paths (ledger, spec, policy, correctness lists, the plugin itself, ...) stay closed.
+
+Every decision is appended, one JSON object per line, to `<campaign>/hooks.log.jsonl`.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+TYPE_CHECKING = False  # no typing import at run time: hooks start on every tool call
+if TYPE_CHECKING:
+    from typing import Any
+
+CAMPAIGN_FILE = "campaign.yaml"
+POLICY_FILE = "policy.yaml"
+HOOK_LOG = "hooks.log.jsonl"
+POLICY_KEYS = ("commands", "read_paths", "write_paths", "tools")
+
+PLUGIN_ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+
+
+class PolicyFileError(Exception):
+    """policy.yaml is not in the accepted subset."""
+
+
+def project_dir(payload: dict[str, Any]) -> str:
+    env = os.environ.get("CLAUDE_PROJECT_DIR")
+    if env:
+        return env
+    cwd = payload.get("cwd")
+    if isinstance(cwd, str) and cwd:
+        return cwd
+    return os.getcwd()
+
+
+def outside_by_env() -> bool:
+    """True when the environment alone shows this is no campaign's session (the fast path:
+    Claude Code sets CLAUDE_PROJECT_DIR for hooks, so most sessions need not even parse their input)."""
+    return (not os.environ.get("ATTUNE_CAMPAIGN_DIR") and bool(os.environ.get("CLAUDE_PROJECT_DIR"))
+            and find_campaign({}) is None)
+
+
+def find_campaign(payload: dict[str, Any]) -> str | None:
+    """The campaign directory of this session, or None when the session is not a campaign's."""
+    explicit = os.environ.get("ATTUNE_CAMPAIGN_DIR")
+    if explicit:
+        return os.path.realpath(explicit)
+    d = os.path.realpath(project_dir(payload))
+    while True:
+        if os.path.isfile(os.path.join(d, CAMPAIGN_FILE)):
+            return d
+        parent = os.path.dirname(d)
+        if parent == d:
+            return None
+        d = parent
+
+
+# ---------------------------------------------------------------- policy.yaml
+
+
+def _scalar(text: str, where: str) -> str:
+    import json
+
+    text = text.strip()
+    if not text:
+        raise PolicyFileError(f"{where}: empty value")
+    if text[0] in "'\"":
+        q = text[0]
+        if len(text) < 2 or text[-1] != q:
+            raise PolicyFileError(f"{where}: unterminated quoted string {text!r}")
+        inner = text[1:-1]
+        if q == '"':
+            try:
+                return json.loads(text)
+            except ValueError as exc:
+                raise PolicyFileError(f"{where}: bad double-quoted string {text!r} ({exc})") from None
+        return inner.replace("''", "'")
+    if text[0] in "[]{}&*!|>%@`":
+        raise PolicyFileError(f"{where}: a plain value may not start with {text[0]!r}; quote it")
+    return text
+
+
+def _strip_comment(line: str) -> str:
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1] in " \t"):
+            return line[:i]
+    return line
+
+
+def _flow_list(text: str, where: str) -> list[str]:
+    inner = text.strip()[1:-1].strip()
+    if not inner:
+        return []
+    items, buf, quote = [], [], None
+    for ch in inner:
+        if quote:
+            buf.append(ch)
+            if ch == quote:
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+            buf.append(ch)
+        elif ch == ",":
+            items.append(_scalar("".join(buf), where))
+            buf = []
+        else:
+            buf.append(ch)
+    if quote:
+        raise PolicyFileError(f"{where}: unterminated quoted string in a list")
+    items.append(_scalar("".join(buf), where))
+    return items
+
+
+def parse_policy(text: str, name: str = POLICY_FILE) -> dict[str, list[str]]:
+    """Parse policy.yaml's subset (or a JSON object); raises PolicyFileError naming the line."""
+    import json
+
+    out: dict[str, list[str]] = {}
+    if text.lstrip().startswith("{"):
+        try:
+            obj = json.loads(text)
+        except ValueError as exc:
+            raise PolicyFileError(f"{name}: not valid JSON ({exc})") from None
+        if not isinstance(obj, dict):
+            raise PolicyFileError(f"{name}: expected an object")
+        for key, val in obj.items():
+            where = f"{name}: {key}"
+            if key not in POLICY_KEYS:
+                raise PolicyFileError(f"{where}: unknown key; expected one of {', '.join(POLICY_KEYS)}")
+            if isinstance(val, str):
+                val = [val]
+            if not isinstance(val, list) or not all(isinstance(v, str) and v for v in val):
+                raise PolicyFileError(f"{where}: expected a list of non-empty strings")
+            out[key] = list(val)
+        return out
+    current: str | None = None
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        where = f"{name} line {lineno}"
+        if "\t" in raw[: len(raw) - len(raw.lstrip())]:
+            raise PolicyFileError(f"{where}: indent with spaces, not tabs")
+        line = _strip_comment(raw).rstrip()
+        if not line.strip():
+            continue
+        if line.strip() == "---" and not out:
+            continue
+        if line[0] not in " -":
+            key, sep, rest = line.partition(":")
+            key = key.strip()
+            if not sep:
+                raise PolicyFileError(f"{where}: expected 'key: value'")
+            if key not in POLICY_KEYS:
+                raise PolicyFileError(f"{where}: unknown key {key!r}; expected one of {', '.join(POLICY_KEYS)}")
+            if key in out:
+                raise PolicyFileError(f"{where}: key {key!r} given twice")
+            rest = rest.strip()
+            if not rest:
+                out[key] = []
+                current = key
+            elif rest.startswith("["):
+                if not rest.endswith("]"):
+                    raise PolicyFileError(f"{where}: a [list] must close on the same line")
+                out[key] = _flow_list(rest, where)
+                current = None
+            else:
+                out[key] = [_scalar(rest, where)]
+                current = None
+            continue
+        item = line.strip()
+        if not item.startswith("- ") and item != "-":
+            raise PolicyFileError(f"{where}: expected a list item '- value' under a key")
+        if current is None:
+            raise PolicyFileError(f"{where}: a list item must follow a 'key:' line")
+        out[current].append(_scalar(item[1:], where))
+    return out
+
+
+def load_policy(campaign: str) -> dict[str, list[str]]:
+    path = os.path.join(campaign, POLICY_FILE)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        return {}
+    return parse_policy(text, path)
+
+
+# ---------------------------------------------------------------- decision log
+
+
+def log_decision(campaign: str, record: dict[str, Any]) -> None:
+    """Append one decision to the campaign's hook log (a single O_APPEND write: no interleaving)."""
+    import json
+
+    t = time.time()
+    rec = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z", **record}
+    data = (json.dumps(rec, ensure_ascii=False, default=str) + "\n").encode("utf-8")
+    fd = os.open(os.path.join(campaign, HOOK_LOG), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def clip(text: Any, limit: int = 500) -> str:
+    import json
+
+    s = text if isinstance(text, str) else json.dumps(text, default=str)
+    return s if len(s) <= limit else s[:limit] + "..."

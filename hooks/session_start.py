@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""attune's SessionStart hook (startup, resume, clear, compact): where the campaign stands.
+
+Inside a campaign directory it folds the ledger and gives the agent, as additional context, the
+campaign's state: budget left, calibration, leader, runs in flight, last diagnosis, assumptions
+and the items still open before the session may end, plus the rules the hooks enforce. A fresh,
+resumed or compacted session therefore continues where the last one left off. Outside a campaign
+it does nothing. On an error the context says the state could not be read (SessionStart cannot
+block).
+"""
+
+import os
+import sys
+
+HERE = os.path.dirname(os.path.realpath(__file__))
+ROOT = os.path.dirname(HERE)
+EVENT = "SessionStart"
+MAX_CHARS = 6000
+
+
+def _h(x):
+    return "unknown" if x is None else f"{x:.4g}"
+
+
+def summary(st, campaign, source):
+    """The context text for a folded CampaignState."""
+    if st.name is None:
+        return (f"attune campaign directory {campaign} (campaign.yaml found), but the campaign has not started: "
+                "its ledger has no campaign_started row. Start it before launching runs.")
+    d = st.as_dict()
+    b = d["budget"]
+    cal = d["calibration"]
+    lead = d["leader"]
+    lines = [
+        f"attune campaign {st.name!r} in {campaign}; state rebuilt from its ledger ({d['rows']} rows) "
+        f"at session {source}. The ledger is the source of truth: continue from here.",
+        f"Budget (GPU-hours): total {_h(b['total_gpu_hours'])}, charged {_h(b['charged_gpu_hours'])}, "
+        f"in flight {_h(b['in_flight_gpu_hours'])}, check reserve left {_h(b['reserve_left_gpu_hours'])}, "
+        f"left for search {_h(b['search_remaining_gpu_hours'])}" + (" (spent)" if b["spent"] else "") + ".",
+    ]
+    if cal["band"] is None:
+        lines.append(f"Calibration: {cal['runs']} of {cal['required_runs']} baseline runs; no band yet.")
+    else:
+        lines.append(f"Calibration: {cal['runs']} baseline runs, mean {cal['mean']:.6g} tokens/s/GPU, "
+                     f"band {cal['band'] * 100:.2f}%.")
+    if lead["run_id"]:
+        gain = "" if lead["gain"] is None else f", gain {lead['gain'] * 100:+.2f}% over the baseline"
+        lines.append(f"Leader: {lead['run_id']} at {lead['tokens_per_s_per_gpu']:.6g} tokens/s/GPU{gain}.")
+    else:
+        lines.append("Leader: none yet.")
+    runs = list(st.runs.values())
+    search = [r for r in runs if r.kind == "search"]
+    lines.append(f"Runs: {len(runs)} admitted ({len(search)} search), {d['failed_launches']} failed search "
+                 f"launches, {d['launches_refused']} refused launches.")
+    if st.in_flight:
+        lines.append("Runs in flight: " + ", ".join(
+            f"{r.run_id} ({r.kind}, {r.status}" + (f", lever {r.lever}" if r.lever else "") + ")"
+            for r in st.in_flight) + ".")
+    else:
+        lines.append("Runs in flight: none.")
+    recent = [r for r in search if r.status == "finished"][-5:]
+    if recent:
+        lines.append("Latest finished search runs: " + "; ".join(
+            f"{r.run_id} lever={r.lever or '-'} outcome={r.outcome}"
+            + (f" {r.tokens_per_s_per_gpu:.6g} tok/s/GPU" if isinstance(r.tokens_per_s_per_gpu, (int, float)) else "")
+            + (f" verdict={r.verdict}" if r.verdict else "") for r in recent) + ".")
+    lines.append(f"Last diagnosis: {st.last_diagnosis or 'none recorded'}")
+    if st.assumptions:
+        last = st.assumptions[-1]
+        lines.append(f"Assumptions recorded: {len(st.assumptions)} (last: {last.get('question')!r} -> "
+                     f"{last.get('default')!r}).")
+    if st.stop:
+        lines.append(f"A stop with evidence is recorded (leader {st.stop.get('leader')!r}).")
+    if st.shipped:
+        lines.append(f"Shipped: {st.shipped.get('run_id')}.")
+    missing = st.missing_for_stop()
+    lines.append("Open items before this session may end: " + ("; ".join(missing) if missing else "none") + ".")
+    lines.append("Rules enforced by the plugin's hooks: shell commands are deny-by-default (read-only commands "
+                 "and the skill's scripts only, one command per call); edits and writes only under "
+                 f"{os.path.join(campaign, 'notes')}; launches, metrics, traces and the gate go through the attune "
+                 "MCP tools; questions to the user are answered with their default.")
+    text = "\n".join(lines)
+    return text if len(text) <= MAX_CHARS else text[: MAX_CHARS - 3] + "..."
+
+
+def main():
+    raw = sys.stdin.read()
+    campaign = None
+    try:
+        if HERE in sys.path:
+            sys.path.remove(HERE)
+        sys.path.insert(0, ROOT)
+        from hooks import runtime
+
+        if runtime.outside_by_env():
+            return 0
+        import json
+
+        payload = json.loads(raw or "{}")
+        if not isinstance(payload, dict):
+            raise ValueError("the hook input is not a JSON object")
+        campaign = runtime.find_campaign(payload)
+        if campaign is None:
+            return 0
+        if sys.version_info < (3, 11):  # noqa: UP036 - hooks run on whatever python3 the user has
+            raise RuntimeError(f"attune's hooks need Python 3.11 or newer, python3 here is {sys.version.split()[0]}")
+        from attune import state
+
+        st, read = state.load(campaign)
+        source = payload.get("source") or "start"
+        text = summary(st, campaign, source)
+        if read.torn_tail:
+            text += "\nNote: the ledger ends with a torn (incomplete) line, ignored."
+        runtime.log_decision(campaign, {"event": EVENT, "session_id": payload.get("session_id"),
+                                        "source": source, "decision": "context", "rows": st.last_seq + 1})
+    except BaseException as exc:
+        text = (f"attune could not read the campaign state ({type(exc).__name__}: {exc}). Do not launch runs "
+                "until `attune ledger verify` passes for this campaign.")
+        if campaign is None:
+            text = f"attune's SessionStart hook failed before it could find the campaign: {exc}"
+    out = {"hookSpecificOutput": {"hookEventName": EVENT, "additionalContext": text}}
+    import json
+
+    sys.stdout.write(json.dumps(out) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

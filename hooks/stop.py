@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""attune's Stop hook: a campaign session ends only when the campaign is done.
+
+Inside a campaign directory it folds the ledger and blocks the stop while anything in
+`CampaignState.missing_for_stop()` is open: the budget is not spent and no stop with evidence is
+recorded, runs are still in flight, or the shipping step has not run. The block's reason lists
+exactly what is missing. Outside a campaign it does nothing. Any error blocks too (fail closed);
+Claude Code itself ends a session after several consecutive blocks.
+"""
+
+import os
+import sys
+
+HERE = os.path.dirname(os.path.realpath(__file__))
+ROOT = os.path.dirname(HERE)
+EVENT = "Stop"
+
+
+def _hint(missing):
+    steps = []
+    text = " ".join(missing)
+    if "not started" in text:
+        steps.append("start the campaign (attune init, or the broker's start tool)")
+    if "budget is not spent" in text:
+        steps.append("keep searching through the broker's tools, or, if the search is done, record a stop "
+                     "with evidence (the broker's record_stop: the levers tested and the last diagnosis)")
+    if "in flight" in text:
+        steps.append("wait for the runs in flight to finish (run_status), or cancel_run those that no longer matter")
+    if "shipping step" in text:
+        steps.append("run the shipping step (the gate checks the best candidates, fastest first, and one ships)")
+    return "; ".join(steps)
+
+
+def main():
+    raw = sys.stdin.read()
+    campaign = None
+    try:
+        if HERE in sys.path:
+            sys.path.remove(HERE)
+        sys.path.insert(0, ROOT)
+        from hooks import runtime
+
+        if runtime.outside_by_env():
+            return 0
+        import json
+
+        payload = json.loads(raw or "{}")
+        if not isinstance(payload, dict):
+            raise ValueError("the hook input is not a JSON object")
+        campaign = runtime.find_campaign(payload)
+        if campaign is None:
+            return 0
+        if sys.version_info < (3, 11):  # noqa: UP036 - hooks run on whatever python3 the user has
+            raise RuntimeError(f"attune's hooks need Python 3.11 or newer, python3 here is {sys.version.split()[0]}")
+        from attune import state
+
+        st, _ = state.load(campaign)
+        missing = st.missing_for_stop()
+        record = {"event": EVENT, "session_id": payload.get("session_id"),
+                  "stop_hook_active": payload.get("stop_hook_active")}
+        if not missing:
+            runtime.log_decision(campaign, {**record, "decision": "allow", "reason": "campaign complete"})
+            return 0
+        reason = ("attune: the campaign is not finished, so this session may not end yet. Missing: "
+                  + "; ".join(missing) + ". Next: " + _hint(missing) + ".")
+        runtime.log_decision(campaign, {**record, "decision": "block", "reason": reason})
+        out = {"decision": "block", "reason": reason}
+    except BaseException as exc:  # fail closed
+        out = {"decision": "block",
+               "reason": f"attune's Stop hook could not check the campaign ({type(exc).__name__}: {exc}); "
+                         "the session continues until the campaign state can be read"}
+        if campaign is not None:
+            try:
+                from hooks import runtime
+
+                runtime.log_decision(campaign, {"event": EVENT, "decision": "block", "error": repr(exc)})
+            except BaseException:
+                pass
+    import json
+
+    sys.stdout.write(json.dumps(out) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

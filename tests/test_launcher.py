@@ -1,0 +1,163 @@
+"""The MCP server launcher provisions a venv in the plugin's data directory, once, and execs the server.
+
+A throwaway plugin (its own pyproject.toml whose one dependency is a local wheel built here, and a
+small server module) stands in for attune, so the real `python3 -m venv` + pip path runs offline.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LAUNCH = ROOT / "mcp_servers" / "launch.py"
+
+SERVER = '''
+import json, os, sys
+import tinydep
+sys.stdout.write(json.dumps({"python": sys.executable, "value": tinydep.VALUE, "argv": sys.argv[1:],
+                             "pythonpath": os.environ.get("PYTHONPATH")}) + "\\n")
+'''
+
+
+def _wheel(dest: Path) -> Path:
+    files = {
+        "tinydep/__init__.py": b"VALUE = 42\n",
+        "tinydep-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: tinydep\nVersion: 1.0\n",
+        "tinydep-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(data)}")
+    record.append("tinydep-1.0.dist-info/RECORD,,")
+    path = dest / "tinydep-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+        zf.writestr("tinydep-1.0.dist-info/RECORD", "\n".join(record) + "\n")
+    return path
+
+
+def _plugin(tmp: Path, dep: str) -> Path:
+    root = tmp / "plugin"
+    (root / "fakesrv").mkdir(parents=True)
+    (root / "mcp_servers").mkdir()
+    (root / "mcp_servers" / "launch.py").write_bytes(LAUNCH.read_bytes())
+    (root / "fakesrv" / "__init__.py").write_text("")
+    (root / "fakesrv" / "echo_server.py").write_text(SERVER)
+    (root / "pyproject.toml").write_text(
+        f'[project]\nname = "fake"\nversion = "9.9.9"\ndependencies = ["{dep}"]\n'
+    )
+    return root
+
+
+def _env(data: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("ATTUNE_PYTHON", "PYTHONPATH", "CLAUDE_PLUGIN_ROOT")}
+    env.update({"CLAUDE_PLUGIN_DATA": str(data), "PIP_NO_INDEX": "1", "ATTUNE_NO_UV": "1", **extra})
+    return env
+
+
+def _start(root: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(root / "mcp_servers" / "launch.py"), "--module", "fakesrv.echo_server", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=root.parent,
+    )
+
+
+def test_first_starts_provision_once_then_reuse(tmp_path: Path) -> None:
+    wheel = _wheel(tmp_path)
+    root = _plugin(tmp_path, f"tinydep @ {wheel.as_uri()}")
+    data = tmp_path / "data"
+    env = _env(data)
+    # Three servers starting at once (as Claude Code starts them): one builds, the others wait.
+    procs = [_start(root, env, f"n{i}") for i in range(3)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err
+        got = json.loads(out)
+        assert got["value"] == 42
+        assert Path(got["pythonpath"]) == root
+        assert str(data) in got["python"]
+    venvs = [d for d in data.iterdir() if d.is_dir()]
+    assert len(venvs) == 1 and venvs[0].name.startswith("venv-9.9.9-")
+    marker = json.loads((venvs[0] / ".attune-ready").read_text())
+    assert marker["version"] == "9.9.9" and marker["dependencies"] == [f"tinydep @ {wheel.as_uri()}"]
+    log = (data / f"{venvs[0].name}.log").read_text()
+    assert log.count("== provisioning") == 1
+    stamp = (venvs[0] / ".attune-ready").stat().st_mtime_ns
+    # A later start reuses the environment without touching it.
+    p = _start(root, env, "again")
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert json.loads(out)["argv"] == ["again"]
+    assert (venvs[0] / ".attune-ready").stat().st_mtime_ns == stamp
+    assert "installing" not in err
+    # --where names the same environment without building anything.
+    where = subprocess.run([sys.executable, str(root / "mcp_servers" / "launch.py"), "--where"],
+                           capture_output=True, text=True, env=env, check=True)
+    assert Path(where.stdout.strip()) == venvs[0]
+
+
+def test_failed_provisioning_says_what_and_how_to_fix(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere" / "tinydep-1.0-py3-none-any.whl"
+    root = _plugin(tmp_path, f"tinydep @ {missing.as_uri()}")
+    data = tmp_path / "data"
+    p = _start(root, _env(data))
+    out, err = p.communicate(timeout=240)
+    assert p.returncode == 1
+    assert out == ""  # stdout is the MCP transport: nothing leaks there
+    assert "provisioning its Python environment failed" in err
+    assert "step:  pip install" in err
+    assert "log:" in err and "fix:" in err and "ATTUNE_PYTHON" in err
+    assert not any((d / ".attune-ready").exists() for d in data.iterdir() if d.is_dir())
+
+
+def test_attune_python_skips_provisioning(tmp_path: Path) -> None:
+    root = _plugin(tmp_path, "tinydep")
+    (root / "tinydep").mkdir()
+    (root / "tinydep" / "__init__.py").write_text("VALUE = 7\n")
+    data = tmp_path / "data"
+    p = _start(root, _env(data, ATTUNE_PYTHON=sys.executable))
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert json.loads(out)["value"] == 7
+    assert not data.exists()
+
+
+@pytest.mark.parametrize("args, code", [(["nosuch"], 2), ([], 2)])
+def test_bad_usage(args: list[str], code: int) -> None:
+    p = subprocess.run([sys.executable, str(LAUNCH), *args], capture_output=True, text=True, timeout=30)
+    assert p.returncode == code
+    assert p.stdout == ""
+
+
+def test_build_survives_a_killed_launcher(tmp_path: Path) -> None:
+    """Claude Code kills a server that takes longer than MCP_TIMEOUT: the detached build still completes."""
+    wheel = _wheel(tmp_path)
+    root = _plugin(tmp_path, f"tinydep @ {wheel.as_uri()}")
+    data = tmp_path / "data"
+    env = _env(data)
+    p = _start(root, env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(data.glob("venv-*/bin")):
+        time.sleep(0.05)
+    assert p.poll() is None, "the launcher finished before it could be killed"
+    p.kill()
+    p.wait()
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not any(data.glob("venv-*/.attune-ready")):
+        time.sleep(0.2)
+    assert any(data.glob("venv-*/.attune-ready"))
+    p = _start(root, env)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0 and json.loads(out)["value"] == 42, err
