@@ -58,8 +58,8 @@ def describe_row(row: ledger_mod.Row, state: CampaignState) -> str | None:
         return f"calibration complete{band}; budget {d['gpu_hours']:.4g} GPU-h (reserve {d.get('reserve_gpu_hours') or 0:.3g})"
     if t == "launch_admitted":
         ch = d.get("changes") or {}
-        parts = [f"{k}={v}" for k, v in (ch.get("args") or {}).items()] + [
-            f"{k}={v}" for k, v in (ch.get("env") or {}).items()]
+        parts = [f"{k}={'unset' if v is None else v}" for k, v in (ch.get("args") or {}).items()] + [
+            f"{k}={'unset' if v is None else v}" for k, v in (ch.get("env") or {}).items()]
         what = {"calibration": "calibration run", "check": f"check run of {d.get('base_run_id')}",
                 "remeasure": f"final re-measurement of {d.get('base_run_id')}"}.get(d["kind"], "search run")
         return f"launch {d['run_id']}: {what}" + (f" ({', '.join(parts)})" if parts and d["kind"] == "search" else "")

@@ -18,7 +18,7 @@ broker that restarts (or a campaign resumed days later) carries on where it stop
    pay for another check), the baseline ships. `shipped` row, and `shipped/` on disk.
 5. **Final re-measurement**: the baseline and the shipped recipe run again, two repeats each, in a
    randomised interleaved order (seeded by the campaign, so a resumed campaign keeps the order); a
-   recipe whose two repeats differ by more than the band gets a third; a repeat that produced no
+   recipe whose two repeats differ by more than the band gets a third; a repeat without a valid
    measurement is run again (at most `MAX_EXTRA_REPEATS` times). Each is a `remeasurement` row,
    charged outside the search budget (`charged_to: final`).
 
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 MAX_CANDIDATES = 3
 REPEATS = 2
-MAX_EXTRA_REPEATS = 2  # re-runs of a repeat that produced no measurement, per recipe
+MAX_EXTRA_REPEATS = 2  # re-runs of a repeat without a valid measurement, per recipe
 MAX_REFERENCE_ATTEMPTS = 2
 SHIPPED_DIR = "shipped"
 
@@ -114,11 +114,23 @@ def remeasure_order(state: CampaignState) -> list[str]:
     return order
 
 
-def remeasured(state: CampaignState) -> dict[str, list[float]]:
+def remeasured(state: CampaignState, valid_only: bool = True) -> dict[str, list[float]]:
+    """Each recipe's re-measured throughputs (valid repeats; with `valid_only=False`, every repeat)."""
     out: dict[str, list[float]] = {}
     for r in state.remeasurements:
+        if valid_only and not r.get("valid", True):
+            continue
         out.setdefault(str(r["recipe_of"]), []).append(float(r["tokens_per_s_per_gpu"]))
     return out
+
+
+def recipe_values(state: CampaignState, recipe: str) -> tuple[list[float], bool]:
+    """A recipe's final values: its valid repeats, or, when none was valid (a busy machine makes the
+    window uneven), every repeat that measured something. The flag says which."""
+    valid = remeasured(state).get(recipe, [])
+    if valid:
+        return valid, True
+    return remeasured(state, valid_only=False).get(recipe, []), False
 
 
 def next_remeasure(state: CampaignState) -> str | None:
@@ -262,9 +274,10 @@ def record_final_run(control: Control, run_id: str) -> dict[str, Any]:
     state = control.state()
     run = state.runs[run_id]
     if run.kind == "remeasure":
-        if run.outcome == "ok" and run.valid and run.tokens_per_s_per_gpu is not None:
+        if run.outcome == "ok" and run.tokens_per_s_per_gpu is not None:
             control.ledger.append("remeasurement", {"run_id": run_id, "recipe_of": run.base_run_id,
-                                                    "tokens_per_s_per_gpu": run.tokens_per_s_per_gpu})
+                                                    "tokens_per_s_per_gpu": run.tokens_per_s_per_gpu,
+                                                    "valid": bool(run.valid), "invalid_reasons": run.invalid_reasons})
             return {"remeasured": run.base_run_id}
         return {"remeasured": None}
     if run.base_run_id == "baseline":
@@ -397,8 +410,9 @@ def evidence(control: Control, state: CampaignState) -> dict[str, Any]:
     shipped = state.shipped or {}
     run_id = str(shipped.get("run_id"))
     cal = state.calibration
-    values = remeasured(state)
-    base_v, ship_v = _recipe_value(values.get("baseline", [])), _recipe_value(values.get(run_id, []))
+    values = remeasured(state, valid_only=False)
+    (bv, b_ok), (sv, s_ok) = recipe_values(state, "baseline"), recipe_values(state, run_id)
+    base_v, ship_v = _recipe_value(bv), _recipe_value(sv)
     admitted_gate = None
     for row in control.ledger.rows():
         if row.type == "launch_admitted" and row.data.get("run_id") == run_id:
@@ -418,6 +432,7 @@ def evidence(control: Control, state: CampaignState) -> dict[str, Any]:
         "checks": [{k: v for k, v in c.items() if k != "seq"} for c in state.checks],
         "remeasurement": {
             "order": remeasure_order(state), "values": values,
+            "valid_only": {"baseline": b_ok, run_id: s_ok},
             "baseline_tokens_per_s_per_gpu": base_v, "shipped_tokens_per_s_per_gpu": ship_v,
             "gain": gain(ship_v, base_v) if base_v and ship_v else None,
             "complete": next_remeasure(state) is None and not any(r.kind == "remeasure" for r in state.in_flight),

@@ -149,8 +149,8 @@ def run(args: argparse.Namespace) -> int:
         print("\nNothing beat the baseline by more than the band: the baseline ships, unchanged.")
     else:
         ch = (r.shipped or {}).get("changes") or {}
-        parts = [f"{k}={v}" for k, v in (ch.get("args") or {}).items()] + [
-            f"{k}={v}" for k, v in (ch.get("env") or {}).items()]
+        parts = [f"{k}={'unset' if v is None else v}" for k, v in (ch.get("args") or {}).items()] + [
+            f"{k}={'unset' if v is None else v}" for k, v in (ch.get("env") or {}).items()]
         print(f"\nShipped {r.headline.shipped_run_id}: {', '.join(parts)} (passed the correctness gate)")
     print(f"campaign took {result.seconds / 60:.1f} minutes")
     print(f"shipped recipe: {d / 'shipped' / 'run.sh'}")
