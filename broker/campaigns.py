@@ -238,6 +238,9 @@ class CampaignHandle:
                 raise NotFound(run_id)
             if run.status == "finished":
                 return {"run_id": run_id, "cancelled": False, "reason": f"the run already finished ({run.outcome})"}
+            if run.kind in ("check", "remeasure"):
+                return {"run_id": run_id, "cancelled": False, "reason": (
+                    f"{run_id} is a {run.kind} run of the control plane's shipping step; it cannot be cancelled")}
             self._mark_kill(run_id, why, "cancelled through the broker" if why == "cancelled"
                             else "stopped early by the tuner's early abort")
             if run.backend_id is not None:

@@ -223,9 +223,11 @@ def test_campaign_session(claude: str, campaign: tuple[Path, str], tmp_path: Pat
     assert "no stop with evidence is recorded" in seen["first_stop"]
     assert not seen["record_stop"][1] and seen["record_stop"][0]["recorded"] is True
     stops = [r["decision"] for r in session.hook_log() if r["event"] == "Stop"]
-    if "second_stop" in seen and stops.count("block") == 2:  # the stop came before the control plane shipped
+    if "second_stop" in seen and stops.count("block") == 2:  # the stop came before the control plane was done
         second = seen["second_stop"].rsplit("Stop hook feedback", 1)[-1]
-        assert "shipping step has not run" in second and "no stop with evidence" not in second
+        # what is left is the control plane's: the shipping step, or its re-measurement runs in flight
+        assert "no stop with evidence" not in second
+        assert "shipping step has not run" in second or "remeasure" in second, second[-600:]
     # ... and once the campaign has shipped (the control plane's step after the stop), the session ended.
     assert session.result["subtype"] == "success" and session.returncode == 0, detail
     assert stops[-1] == "allow" and stops.count("block") in (1, 2), stops
