@@ -115,7 +115,15 @@ class ClaudeLauncher:
     def run_once(self, record: SessionRecord) -> int:
         argv = self.argv(record.session_id)
         started = datetime.now(UTC).isoformat()
-        env = {**os.environ, **(self.env or {}), "ATTUNE_CAMPAIGN_DIR": str(self.dir)}
+        env = {
+            **os.environ,
+            # Wait for the plugin's MCP servers before the first turn; a first start provisions their venv.
+            "MCP_CONNECTION_NONBLOCKING": "false",
+            "MCP_TIMEOUT": os.environ.get("MCP_TIMEOUT", "180000"),
+            "MCP_CONNECT_TIMEOUT_MS": os.environ.get("MCP_CONNECT_TIMEOUT_MS", "180000"),
+            **(self.env or {}),
+            "ATTUNE_CAMPAIGN_DIR": str(self.dir),
+        }
         proc = subprocess.Popen(argv, cwd=self.dir, stdout=subprocess.PIPE, stderr=None, text=True, env=env)
         assert proc.stdout is not None
         result: dict[str, Any] = {}

@@ -43,7 +43,7 @@ FAKE_SPEC: dict[str, Any] = {
     "framework": "megatron-lm",
     "cluster": {"backend": "local", "gpus": 2, "gpus_per_node": 2, "accelerator": "cpu", "settings": {"slots": 8}},
     "baseline": {
-        "command": ["python", "tests/fake_trainer.py"],
+        "command": ["python", "tests/fake_trainer.py", "--world-size", "{gpus}"],
         "args": {"--seq-length": 128, "--global-batch-size": 16, "--train-iters": 14, "--fake-step-ms": 20},
     },
     "workload": {"seq_length": 128, "global_batch": 16, "precision": "fp32"},
@@ -68,11 +68,12 @@ def deep_update(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def make_campaign(parent: Path, name: str = "fake-a", **over: Any) -> Path:
-    """A started campaign directory running the stand-in trainer."""
+def make_campaign(parent: Path, name: str = "fake-a", replace: dict[str, Any] | None = None, **over: Any) -> Path:
+    """A started campaign directory running the stand-in trainer (`over` is merged, `replace` replaces)."""
     d = parent / name
     d.mkdir(parents=True)
     spec = deep_update(FAKE_SPEC, {"name": name, **over})
+    spec.update(copy.deepcopy(replace or {}))
     (d / "campaign.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     (d / "fake.yaml").write_text(FAKE_LIST)
     start(d)

@@ -29,6 +29,7 @@ class OutOfMemoryError(RuntimeError):
 
 def main() -> int:
     p = argparse.ArgumentParser()
+    p.add_argument("--world-size", type=int, default=2, help="ranks it claims (the campaign's GPU count)")
     p.add_argument("--seq-length", type=int, default=128)
     p.add_argument("--global-batch-size", type=int, default=16)
     p.add_argument("--train-iters", type=int, default=14)
@@ -45,7 +46,7 @@ def main() -> int:
 
     args = {
         "global_batch_size": a.global_batch_size, "seq_length": a.seq_length, "train_iters": a.train_iters,
-        "world_size": 2, "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+        "world_size": a.world_size, "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
         "micro_batch_size": 1, "lr": a.lr, "log_interval": 1,
     }
     print("------------------------ arguments ------------------------")

@@ -296,3 +296,13 @@ def test_a_changed_correctness_list_is_refused(tmp_path: Path) -> None:
     out = h.launch(LaunchRequest(kind="calibration"))
     assert out["code"] == "gate" and "the campaign pins" in out["reason"]
     settle(h)
+
+
+def test_a_restarted_broker_picks_up_its_runs(calibrated: CampaignHandle) -> None:
+    first = calibrated
+    out = first.launch(_req(search({"--fake-step-ms": 60}, lever="restart")))
+    wait_for(lambda: first.state().runs[out["run_id"]].status == "running", step=first.poll)
+    second = CampaignHandle(first.dir)  # a new broker process: a fresh backend that never saw the job
+    settle(second)
+    run = second.state().runs[out["run_id"]]
+    assert run.outcome == "ok" and run.exit_code == 0 and run.verdict == "slower" and run.charge_gpu_hours > 0

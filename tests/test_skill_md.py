@@ -11,13 +11,25 @@ from tests.skill_helpers import SCRIPTS, SKILL
 
 SKILL_MD = SKILL / "SKILL.md"
 REFERENCES = sorted((SKILL / "references").glob("*.md"))
-TOOLS = {
-    "broker": ["launch_run", "run_status", "list_runs", "cancel_run", "read_log", "read_image_file", "search_image",
-               "record_assumption", "record_stop", "campaign_status"],
-    "metrics": ["run_metrics", "compare_runs", "campaign_measurements"],
-    "traces": ["analyze_run"],
-    "gate": ["check_change", "explain_argument", "check_convergence"],
-}
+def _server_tools() -> dict[str, list[str]]:
+    """The tools the four MCP servers really expose, listed through the SDK's own client."""
+    import asyncio
+    import importlib
+
+    from mcp import Client
+
+    async def listing() -> dict[str, list[str]]:
+        out = {}
+        for name in ("broker", "metrics", "traces", "gate"):
+            module = importlib.import_module(f"mcp_servers.{name}_server")
+            async with Client(module.server) as client:
+                out[name] = [t.name for t in (await client.list_tools()).tools]
+        return out
+
+    return asyncio.run(listing())
+
+
+TOOLS = _server_tools()
 
 
 def _frontmatter() -> tuple[dict, str]:
@@ -57,6 +69,16 @@ def test_the_six_rules_are_stated() -> None:
     assert re.findall(r"^## (\d)\.", detail, re.M) == ["1", "2", "3", "4", "5", "6"]
     for word in ("TP, PP, EP, CP and DP", "two values", "out of memory", "re-test"):
         assert word.lower() in (body + detail).lower()
+
+
+def test_every_tool_named_in_the_skill_exists() -> None:
+    text = SKILL_MD.read_text() + (SKILL / "references" / "tools.md").read_text()
+    known = {t for tools in TOOLS.values() for t in tools}
+    # Backticked snake_case names in the tools table that look like tool names must be real tools.
+    table = [line for line in text.splitlines() if line.startswith("| broker |") or line.startswith("| metrics |")
+             or line.startswith("| traces |") or line.startswith("| gate |")]
+    named = {n for line in table for n in re.findall(r"`([a-z_]+)`", line)}
+    assert named and named <= known, sorted(named - known)
 
 
 def test_every_tool_is_documented() -> None:

@@ -171,12 +171,15 @@ def parse_memory_line(line: str, log: ParsedLog) -> int:
     heads = list(_MEMORY_HEAD.finditer(line))
     for i, head in enumerate(heads):
         end = heads[i + 1].start() if i + 1 < len(heads) else len(line)
-        scale = MIB_PER_GB if head["unit"] == "GB" else 1.0
+        # Megatron-LM's plain keys use binary units whatever the label says (MB = MiB);
+        # Megatron-Bridge's "-gigabytes" keys are 1e9 bytes.
+        plain = 1024.0 if head["unit"] == "GB" else 1.0
         values: dict[str, float] = {}
         for f in _MEMORY_FIELD.finditer(line, head.end(), end):
-            name = _MEM_KEYS.get(f["key"].strip())
+            key = f["key"].strip()
+            name = _MEM_KEYS.get(key)
             if name is not None:
-                values[name] = float(f["value"]) * scale
+                values[name] = float(f["value"]) * (MIB_PER_GB if key.endswith("-gigabytes") else plain)
         if values:
             log.add_memory(int(head["rank"]), int(head["after"]), **values)
     return len(heads)

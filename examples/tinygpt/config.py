@@ -210,3 +210,12 @@ def active_fault() -> str | None:
     if f not in FAULTS:
         raise ConfigError(f"{FAULT_ENV} must be one of {', '.join(FAULTS)}, got {f!r}")
     return f
+
+
+def fault_bucket() -> int:
+    """Index of the bucket the skip-bucket-reduce fault leaves unreduced (default 0)."""
+    v = os.environ.get(FAULT_BUCKET_ENV, "0")
+    try:
+        return int(v)
+    except ValueError as e:
+        raise ConfigError(f"{FAULT_BUCKET_ENV} must be an integer bucket index, got {v!r}") from e

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import megatron_log as mlog
-from .config import FAULT_BUCKET_ENV, ConfigError, active_fault, build_parser, printable, resolve
+from .config import ConfigError, active_fault, build_parser, fault_bucket, printable, resolve
 from .data import DataError, PackedRows
 from .model import GPT, ModelConfig
 from .reducer import GradReducer
@@ -43,7 +43,7 @@ def _rss_mib() -> tuple[float, float]:
 
 
 class Trainer:
-    def __init__(self, a: argparse.Namespace, data: PackedRows, fault: str | None):
+    def __init__(self, a: argparse.Namespace, data: PackedRows, fault: str | None, skip_bucket: int | None = None):
         self.a = a
         self.data = data
         self.fault = fault
@@ -73,16 +73,13 @@ class Trainer:
                 dist.broadcast(p.data, src=0)
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.forward = torch.compile(self.model) if a.torch_compile else self.model
-        skip = None
-        if fault == "skip-bucket-reduce":
-            skip = int(os.environ.get(FAULT_BUCKET_ENV, "0"))
         self.reducer = GradReducer(
             self.model,
             bucket_size=a.ddp_bucket_size,
             grad_dtype=torch.float32 if a.accumulate_allreduce_grads_in_fp32 else torch.bfloat16,
             world_size=self.world,
             overlap=a.overlap_grad_reduce,
-            skip_bucket=skip,
+            skip_bucket=skip_bucket,
         )
         decay = [p for p in self.model.parameters() if p.ndim >= 2]
         no_decay = [p for p in self.model.parameters() if p.ndim < 2]
@@ -244,7 +241,7 @@ def _write_json(path: Path, obj: dict) -> None:
     tmp.replace(path)
 
 
-def run(a: argparse.Namespace, data: PackedRows, fault: str | None) -> int:
+def run(a: argparse.Namespace, data: PackedRows, fault: str | None, skip_bucket: int | None = None) -> int:
     rank, world = a.rank, a.world_size
     if a.num_threads is not None:
         torch.set_num_threads(a.num_threads)
@@ -254,7 +251,7 @@ def run(a: argparse.Namespace, data: PackedRows, fault: str | None) -> int:
     _print0(rank, f"> building {a.tokenizer_type} tokenizer ...")
     _print0(rank, f" > padded vocab (size: {a.vocab_size}) with {a.padded_vocab_size - a.vocab_size} dummy tokens "
                   f"(new size: {a.padded_vocab_size})")
-    tr = Trainer(a, data, fault)
+    tr = Trainer(a, data, fault, skip_bucket)
     _print0(rank, f" > number of parameters on (tensor, pipeline) model parallel rank (0, 0): {tr.num_params}")
     _print0(rank, f"> data: {data.info.path} sha256 {data.info.tokens_sha256} rows {data.info.num_rows} "
                   f"(seq length {a.seq_length})")
@@ -391,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         data = PackedRows(a.data_path, a.seq_length)
         resolve(a, world_size=world, rank=rank, device=device, backend=backend, vocab_size=data.info.vocab_size)
         fault = active_fault()
+        skip_bucket = fault_bucket() if fault == "skip-bucket-reduce" else None
         steps = a.train_iters + (1 + a.profile_steps if a.profile else 0)
         data.verify(range(steps * a.global_batch_size))
         if a.num_threads is None:
@@ -405,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         kwargs = {"device_id": torch.device("cuda", local_rank)} if device == "cuda" else {}
         dist.init_process_group(backend=backend, timeout=timedelta(minutes=a.distributed_timeout_minutes), **kwargs)
     try:
-        return run(a, data, fault)
+        return run(a, data, fault, skip_bucket)
     except DataError as e:
         print(f"tinygpt: error on rank {rank}: {e}", file=sys.stderr, flush=True)
         return 1
