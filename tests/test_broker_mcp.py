@@ -136,6 +136,6 @@ def test_the_agent_tools_over_stdio(campaign: Path) -> None:
     types = [r.type for r in ledger.read(campaign).rows]
     assert types.count("assumption_recorded") == 1 and types.count("stop_recorded") == 1
     audit = [json.loads(x) for x in (campaign / "audit.jsonl").read_text().splitlines()]
-    assert {e["route"] for e in audit} >= {"launch", "run_status", "read_log", "search_log", "image_search",
+    assert {e["route"] for e in audit} >= {"launch", "run_status", "read_run_log", "search_run_log", "image_search",
                                           "image_read", "image_list", "record_assumption", "record_stop",
                                           "campaign_status", "list_runs", "cancel"}
