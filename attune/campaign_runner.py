@@ -294,11 +294,15 @@ class CampaignRunner:
             st = self.state()
             if st.calibration is not None:
                 return
-            failed = [r for r in st.runs.values() if r.kind == "calibration" and r.status == "finished"
-                      and not (r.outcome == "ok" and r.valid)]
-            if len(failed) > required:
-                raise RunnerError(f"the baseline failed {len(failed)} calibration runs (last: "
-                                  f"{failed[-1].run_id} {failed[-1].outcome}: {failed[-1].reason}); fix the recipe")
+            done = [r for r in st.runs.values() if r.kind == "calibration" and r.status == "finished"]
+            failed = [r for r in done if r.outcome != "ok"]
+            invalid = [r for r in done if r.outcome == "ok" and not r.valid]
+            if len(failed) > required or len(invalid) > 3 * required:
+                last = (failed or invalid)[-1]
+                raise RunnerError(
+                    f"the baseline failed {len(failed)} and measured invalid {len(invalid)} calibration runs (last: "
+                    f"{last.run_id} {last.outcome}: {last.reason}; {'; '.join(last.invalid_reasons)}); fix the recipe "
+                    "or the machine's load")
             open_ = [r for r in st.in_flight if r.kind == "calibration"]
             want = required - len(st.calibration_values) - len(open_)
             room = spec.budget.concurrency - len(st.in_flight)

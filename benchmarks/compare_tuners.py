@@ -3,13 +3,14 @@ three seeds each. Prints, per tuner, the mean gain (from each campaign's final r
 launches, failed launches and the budget used.
 
     /work/venv/bin/python benchmarks/compare_tuners.py [--seeds 0 1 2] [--tuners heuristic tpe random]
-        [--search-runs 6] [--workdir /tmp/attune-compare]
+        [--search-runs 5] [--workdir /tmp/attune-compare]
 
 This is a benchmark, not a test: real tinygpt runs on the local backend, about 4-5 minutes per
 campaign on two busy cores. To keep it that short, every campaign starts from one shared
-calibration (the same five baseline runs, copied into each campaign directory: the same baseline
-mean, band and budget for every arm), and the budget is small: the calibration, `--search-runs`
-baseline-run costs of search, and a reserve for the baseline's reference check plus one candidate
+calibration (the same baseline runs, copied into each campaign directory: the same baseline mean,
+band and budget for every arm), and the budget is small: a multiple of one baseline run's cost made
+of the 5 calibration runs, 2 spare (calibration runs a busy machine measures as invalid), about
+`--search-runs` runs of search, and a reserve for the baseline's reference check plus one candidate
 check. Each campaign then runs its own search, stop, shipping and final re-measurement through
 the broker, exactly as `attune tune` does.
 """
@@ -47,18 +48,17 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tuners", nargs="+", default=["heuristic", "tpe", "random"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--search-runs", type=float, default=6.0, help="search budget in baseline-run costs")
-    p.add_argument("--run-gpu-hours", type=float, default=0.012,
-                   help="expected cost of one baseline run (rank-hours), to size the budget before calibration")
+    p.add_argument("--search-runs", type=float, default=5.0, help="search budget in baseline-run costs")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/attune-compare"))
     a = p.parse_args()
 
     spec = yaml.safe_load(EXAMPLE.read_text())
-    run = a.run_gpu_hours
-    check = run * spec["gate"]["convergence_steps"] / spec["workload"]["steps_per_run"]
-    reserve = 2 * check  # the baseline's reference check and one candidate check
-    spec["budget"].update({"gpu_hours": round(5 * run + a.search_runs * run + reserve, 6),
-                           "reserve_gpu_hours": round(reserve, 6)})
+    # The budget, in baseline-run costs (set when calibration completes): the five calibration runs, an
+    # allowance of two for calibration runs a busy machine measures as invalid, the search, and a reserve
+    # for one candidate check plus the baseline's reference check (20 steps each).
+    check_runs = 2 * spec["gate"]["convergence_steps"] / spec["workload"]["steps_per_run"]
+    multiple = 5 + 2 + a.search_runs + check_runs
+    spec["budget"].update({"default_multiple": round(multiple, 3), "check_reserve_runs": 1})
     spec["name"] = "tinygpt-compare"
     if a.workdir.exists():
         shutil.rmtree(a.workdir)
@@ -66,7 +66,7 @@ def main() -> int:
     template.mkdir(parents=True)
     (template / "campaign.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     t0 = time.monotonic()
-    print(f"budget {spec['budget']['gpu_hours']} rank-hours (reserve {reserve:.4f}); calibrating once ...", flush=True)
+    print(f"budget {multiple:.2f} x one baseline run, one check in the reserve; calibrating once ...", flush=True)
     cal = CampaignRunner(template, "heuristic", say=None)
     cal_spec, _ = start(template)
     cal._ensure_broker()
@@ -75,8 +75,11 @@ def main() -> int:
     stop_broker(template)
     st, _ = load(template)
     assert st.calibration is not None
-    print(f"calibration: mean {st.calibration.mean:,.1f} tokens/s/GPU, band {st.calibration.band:.2%} "
-          f"({time.monotonic() - t0:.0f} s)", flush=True)
+    cal_runs = [r for r in st.runs.values() if r.kind == "calibration"]
+    print(f"calibration: mean {st.calibration.mean:,.1f} tokens/s/GPU, band {st.calibration.band:.2%}, "
+          f"{len(cal_runs)} runs ({len(cal_runs) - 5} invalid), {st.budget.charged:.4f} of "
+          f"{st.budget.total:.4f} rank-hours, reserve {st.budget.reserve:.4f} ({time.monotonic() - t0:.0f} s)",
+          flush=True)
 
     results: dict[str, list[dict[str, object]]] = {}
     for tuner in a.tuners:
