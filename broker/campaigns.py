@@ -47,6 +47,16 @@ class CampaignHandle:
         self.image = self._image_tree()
         self._lock = threading.RLock()
         self._finishing: set[str] = set()
+        self._identity = self._first_row_hash()
+
+    def _first_row_hash(self) -> str | None:
+        """The campaign's identity: the hash of its first ledger row (a directory deleted and made
+        again under a running broker is another campaign, whose runs this broker must not touch)."""
+        try:
+            with open(self.dir / "ledger.jsonl", "rb") as fh:
+                return str(json.loads(fh.readline())["hash"])
+        except (OSError, ValueError, KeyError):
+            return None
 
     # --- the training image -----------------------------------------------------------------
     def _image_tree(self) -> FileTree | None:
@@ -122,6 +132,8 @@ class CampaignHandle:
     def poll(self) -> list[str]:
         """Advance every run in flight; returns what happened, for the broker's log."""
         events: list[str] = []
+        if self._first_row_hash() != self._identity:
+            return ["the campaign directory now holds another campaign: not watching it"]
         with self._lock:
             state = self.control.state()
             for run in state.in_flight:
