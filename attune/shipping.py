@@ -142,8 +142,10 @@ def next_remeasure(state: CampaignState) -> str | None:
     attempts = Counter(r.base_run_id for r in state.runs.values() if r.kind == "remeasure")
     band = state.calibration.band if state.calibration else 0.0
 
+    refused = {x.get("of") for x in state.refusals if x.get("kind") == "remeasure"}
+
     def gave_up(recipe: str, need: int) -> bool:
-        return attempts[recipe] >= need + MAX_EXTRA_REPEATS
+        return recipe in refused or attempts[recipe] >= need + MAX_EXTRA_REPEATS
 
     order = remeasure_order(state)
     used: Counter[str] = Counter()
@@ -175,11 +177,14 @@ def plan(state: CampaignState) -> Action:
             return Action("ship", "baseline", "the reserve could not pay for the next correctness check: "
                           + str(refused[-1].get("reason")))
         ref = reference_run(state)
+        unlaunchable = {x.get("of") for x in state.refusals if x.get("kind") == "check"}
         if ref is None:
-            if len(_runs_of(state, "check", "baseline")) >= MAX_REFERENCE_ATTEMPTS:
-                return Action("ship", "baseline", "the baseline's own check run failed twice: no reference curve")
+            if "baseline" in unlaunchable or len(_runs_of(state, "check", "baseline")) >= MAX_REFERENCE_ATTEMPTS:
+                return Action("ship", "baseline", "the baseline's own check run could not be run: no reference curve")
             return Action("check", "baseline", "the baseline's reference curve for the convergence check")
         for c in cands:
+            if c.run_id in unlaunchable:  # its check run could not even be admitted (a shape problem, say)
+                continue
             verdict = check_verdict(state, c.run_id)
             if verdict is not None:
                 if verdict.get("passed"):

@@ -247,7 +247,7 @@ class CampaignState:
         self.launches_refused += 1
         self.refusals.append(
             {"seq": row.seq, "reason": d["reason"], "code": d.get("code"), "changes": d.get("changes"),
-             "kind": d.get("kind")}
+             "kind": d.get("kind"), "of": d.get("of")}
         )
 
     def _on_run_submitted(self, d: dict[str, Any], row: ledger_mod.Row) -> None:

@@ -7,11 +7,11 @@ launches, failed launches and the budget used.
 
 This is a benchmark, not a test: real tinygpt runs on the local backend, about 4-5 minutes per
 campaign on two busy cores. To keep it that short, every campaign starts from one shared
-calibration (the same baseline runs, copied into each campaign directory: the same baseline mean,
-band and budget for every arm), and the budget is small: a multiple of one baseline run's cost made
-of the 5 calibration runs, 2 spare (calibration runs a busy machine measures as invalid), about
-`--search-runs` runs of search, and a reserve for the baseline's reference check plus one candidate
-check. Each campaign then runs its own search, stop, shipping and final re-measurement through
+calibration (the template campaign's ledger up to its budget row and its runs, copied into each
+campaign directory: the same baseline mean and band for every arm), and every arm gets the same
+small budget, written as its budget row: the calibration's charge, `--search-runs` baseline-run
+costs of search, and a reserve for the baseline's reference check plus one candidate check. Each
+campaign then runs its own search, stop, shipping and final re-measurement through
 the broker, exactly as `attune tune` does.
 """
 
@@ -31,10 +31,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from attune import report  # noqa: E402
+from attune import ledger, report  # noqa: E402
 from attune.campaign import start  # noqa: E402
 from attune.campaign_runner import CampaignRunner  # noqa: E402
-from attune.state import load  # noqa: E402
+from attune.state import fold, load  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "campaigns" / "tinygpt-local" / "campaign.yaml"
 
@@ -53,39 +53,52 @@ def main() -> int:
     a = p.parse_args()
 
     spec = yaml.safe_load(EXAMPLE.read_text())
-    # The budget, in baseline-run costs (set when calibration completes): the five calibration runs, an
-    # allowance of two for calibration runs a busy machine measures as invalid, the search, and a reserve
-    # for one candidate check plus the baseline's reference check (20 steps each).
-    check_runs = 2 * spec["gate"]["convergence_steps"] / spec["workload"]["steps_per_run"]
-    multiple = 5 + 2 + a.search_runs + check_runs
-    spec["budget"].update({"default_multiple": round(multiple, 3), "check_reserve_runs": 1})
     spec["name"] = "tinygpt-compare"
+    spec["budget"]["check_reserve_runs"] = 1  # the reserve pays for one candidate check (and the reference)
     if a.workdir.exists():
         shutil.rmtree(a.workdir)
     template = a.workdir / "template"
     template.mkdir(parents=True)
     (template / "campaign.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     t0 = time.monotonic()
-    print(f"budget {multiple:.2f} x one baseline run, one check in the reserve; calibrating once ...", flush=True)
+    print("calibrating once ...", flush=True)
     cal = CampaignRunner(template, "heuristic", say=None)
     cal_spec, _ = start(template)
     cal._ensure_broker()
     with cal._client() as client:
         cal.calibrate(client, cal_spec)
     stop_broker(template)
-    st, _ = load(template)
+    rows = ledger.read(template).rows
+    st = fold(rows)
     assert st.calibration is not None
+    cut = next(i for i, r in enumerate(rows) if r.type == "budget_set")
+    run_cost = float(rows[cut].data["run_cost_gpu_hours"])
+    reserve = float(rows[cut].data["reserve_gpu_hours"])
+    charged = fold(rows[:cut]).budget.charged
+    total = charged + a.search_runs * run_cost + reserve
     cal_runs = [r for r in st.runs.values() if r.kind == "calibration"]
     print(f"calibration: mean {st.calibration.mean:,.1f} tokens/s/GPU, band {st.calibration.band:.2%}, "
-          f"{len(cal_runs)} runs ({len(cal_runs) - 5} invalid), {st.budget.charged:.4f} of "
-          f"{st.budget.total:.4f} rank-hours, reserve {st.budget.reserve:.4f} ({time.monotonic() - t0:.0f} s)",
-          flush=True)
+          f"{len(cal_runs)} runs ({len(cal_runs) - len(st.calibration_values)} invalid), {charged:.4f} rank-hours; "
+          f"budget {total:.4f} = calibration + {a.search_runs:g} runs of {run_cost:.5f} + reserve {reserve:.4f} "
+          f"({time.monotonic() - t0:.0f} s)", flush=True)
+
+    def make_arm(d: Path) -> None:
+        """The template's calibration (its ledger up to the budget row, its runs), then the same budget."""
+        d.mkdir()
+        shutil.copyfile(template / "campaign.yaml", d / "campaign.yaml")
+        shutil.copytree(template / "runs", d / "runs")
+        with open(d / ledger.LEDGER_NAME, "wb") as fh:
+            for r in rows[:cut]:
+                fh.write(ledger.canonical_line(r))
+        ledger.Ledger(d).append("budget_set", {
+            "gpu_hours": round(total, 9), "reserve_gpu_hours": round(reserve, 9), "run_cost_gpu_hours": run_cost,
+            "reason": f"benchmark: the shared calibration's charge + {a.search_runs:g} baseline runs + the reserve"})
 
     results: dict[str, list[dict[str, object]]] = {}
     for tuner in a.tuners:
         for seed in a.seeds:
             d = a.workdir / f"{tuner}-{seed}"
-            shutil.copytree(template, d, ignore=shutil.ignore_patterns("endpoint.json", "*.lock", "report.*"))
+            make_arm(d)
             t1 = time.monotonic()
             res = CampaignRunner(d, tuner, seed=seed, say=None, max_passes=3).run()
             stop_broker(d)
