@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from attune.campaign import campaign_lock
 from attune.measure import beats, gain
-from attune.rungen import Changes, substitute
+from attune.rungen import Changes, render_value, substitute
 from attune.state import CampaignState, RunState
 
 if TYPE_CHECKING:
@@ -366,12 +366,9 @@ def write_shipped(control: Control, state: CampaignState, backend: Any = None) -
     run_dir = out / "run"
     job = control.gen.resolve(cand, run_dir, control.workdir)
     placeholders = control.gen.placeholders(Path("${RUN_DIR}"))
-    argv = [substitute(a, placeholders) for a in spec.baseline.command]
-    from attune.rungen import render_args
-
+    command = [substitute(a, placeholders) for a in spec.baseline.command]
     args = {k: substitute(v, placeholders) if isinstance(v, str) else v
             for k, v in {**cand.args, **control.gen.trusted_args(False)}.items()}
-    argv += render_args(args)
     env = {**cand.env, **spec.control.stack_fixes.env}
     _write(out / "job.json", json.dumps({
         "campaign": spec.name, "shipped": run_id, "changes": changes.as_dict(),
@@ -398,7 +395,10 @@ def write_shipped(control: Control, state: CampaignState, backend: Any = None) -
         f"cd {shlex.quote(str(control.workdir))}",
     ]
     lines += [f"export {k}={shlex.quote(str(v))}" for k, v in env.items()]
-    lines.append("exec " + " \\\n    ".join(q(a) for a in argv))
+    parts = [" ".join(q(a) for a in command)]
+    parts += [" ".join([flag] + [q(x) for x in render_value(v)]) for flag, v in args.items()
+              if v is not None and v is not False]
+    lines.append("exec " + " \\\n    ".join(parts))
     _write(out / "run.sh", "\n".join(lines) + "\n", mode=0o755)
     if backend is not None and spec.cluster.backend != "local":
         from broker.backends.base import JobSpec
@@ -446,7 +446,10 @@ def evidence(control: Control, state: CampaignState) -> dict[str, Any]:
 
 
 def _describe(ch: Changes) -> str:
-    parts = [f"{k}={v}" for k, v in ch.args.items()] + [f"{k}={v}" for k, v in ch.env.items()]
+    def show(v: object) -> str:
+        return "unset" if v is None else str(v)
+
+    parts = [f"{k}={show(v)}" for k, v in ch.args.items()] + [f"{k}={show(v)}" for k, v in ch.env.items()]
     return ", ".join(parts)
 
 
