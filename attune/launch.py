@@ -202,6 +202,7 @@ def score_run(
             exit_status=exit_code,
             seconds_since_progress=seconds_since_progress,
             hang_after_s=spec.control.hang_timeout_s,
+            max_spread=spec.workload.max_step_time_spread,
         )
     except (MetricsInputError, OSError) as exc:
         failure = "crash" if exit_code not in (None, 0) else "ok"

@@ -123,6 +123,11 @@ class Workload(_Strict):
         None, description="global_batch x seq_length; computed when omitted, checked when given"
     )
     flops_per_token: float | None = Field(None, gt=0, description="model FLOPs per token, for MFU")
+    max_step_time_spread: float = Field(
+        0.10,
+        ge=0,
+        description="largest coefficient of variation of the window's step times for a valid measurement",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Workload:

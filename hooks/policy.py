@@ -46,6 +46,9 @@ PROTECTED_IN_CAMPAIGN = (
     "audit.jsonl",
     "runs",
     "shipped",
+    ".broker",  # the broker's endpoint, token and state
+    ".control.lock",
+    "session.json",  # the launcher's record of the session it resumes
     ".claude",
 )
 

@@ -294,7 +294,7 @@ def _metrics(
     run = state.runs.get(run_id) if state else None
     # A run the ledger still has in flight: how long its log has been quiet tells a hang.
     quiet = time.time() - st.st_mtime if run is not None and run.status != "finished" else None
-    spread = DEFAULT_MAX_SPREAD if max_spread is None else max_spread
+    spread = spec.workload.max_step_time_spread if max_spread is None else max_spread
     key = (str(path), st.st_size, st.st_mtime_ns, spread, exit_status, quiet is not None and quiet // 60)
     cached = _CACHE.get(key)
     if cached is not None:

@@ -19,6 +19,7 @@ import pytest
 from attune import ledger
 from attune.campaign import start
 from attune.metrics import read_metrics
+from attune.spec import load_spec
 from broker.client import BrokerClient
 from tests._broker_helpers import ROOT, wait_for
 from tests.conftest import EXAMPLE_CAMPAIGN
@@ -60,7 +61,8 @@ def test_tinygpt_runs_through_the_broker_are_scored_and_charged(tmp_path: Path) 
         # scored: the metrics reader on the run's own log gives the recorded throughput and validity (on a
         # busy machine a run's step times can spread beyond the reader's limit: then it is invalid, and
         # does not count toward calibration)
-        m = read_metrics(run_dir / "log.txt", gpus=2, window=(4, 13))
+        m = read_metrics(run_dir / "log.txt", gpus=2, window=(4, 13),
+                         max_spread=load_spec(d).workload.max_step_time_spread)
         assert run["tokens_per_s_per_gpu"] == pytest.approx(m.tokens_per_s_per_gpu) and run["tokens_per_s_per_gpu"] > 0
         assert run["valid"] == m.valid and run["invalid_reasons"] == m.invalid_reasons
         assert run["verdict"] == ("calibration" if m.valid else "invalid")

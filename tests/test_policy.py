@@ -276,6 +276,8 @@ TOOLS_DENY = [
     ("Write", {"file_path": "{camp}/hooks.log.jsonl"}),
     ("Write", {"file_path": "{camp}/runs/r1/metrics.json"}),
     ("Write", {"file_path": "{camp}/.claude/settings.json"}),
+    ("Write", {"file_path": "{camp}/.broker/token"}),
+    ("Write", {"file_path": "{camp}/session.json"}),
     ("Edit", {"file_path": "{root}/gate/lists/megatron.yaml"}),
     ("Edit", {"file_path": "{root}/skills/attune/SKILL.md"}),
     ("Write", {"file_path": "{camp}/lists/custom.yaml"}),

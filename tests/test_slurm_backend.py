@@ -108,6 +108,9 @@ def test_render_gpus_multinode_and_pyxis(tmp_path: Path) -> None:
         _spec(tmp_path / "run", gpus=4, gpus_per_node=8)
     )
     assert "#SBATCH --gres=gpu:4" in gres and "MASTER_ADDR" not in gres
+    assert "--exclude" not in text
+    retry = b.render(_spec(tmp_path / "run", gpus=16, gpus_per_node=8, exclude_nodes=("node07", "node12")))
+    assert "#SBATCH --exclude=node07,node12" in retry  # an infrastructure retry avoids the failed nodes
 
 
 def test_render_and_settings_refuse_bad_input(tmp_path: Path) -> None:

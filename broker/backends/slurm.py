@@ -173,6 +173,9 @@ class SlurmBackend:
             sb.append(f"--partition={s.partition}")
         if s.account:
             sb.append(f"--account={s.account}")
+        if spec.exclude_nodes:
+            # The retry of an infrastructure failure runs on other nodes.
+            sb.append(f"--exclude={','.join(spec.exclude_nodes)}")
         sb += [
             f"--output={run_dir / 'log.txt'}",  # stdout and stderr together
             f"--chdir={run_dir}",
