@@ -388,6 +388,7 @@ def write_shipped(control: Control, state: CampaignState, backend: Any = None) -
         f"# The recipe attune shipped for campaign {spec.name}: {run_id}",
         f"# Changes from the baseline: {_describe(changes) or 'none (the baseline ships)'}",
         f"# {spec.cluster.gpus} GPU(s), {spec.cluster.gpus_per_node} per node; correctness evidence: evidence.json",
+        "# The run length is the campaign's measurement length: set the steps you need for training.",
         "# Usage: RUN_DIR=/path/for/outputs sh run.sh",
         "set -e",
         'RUN_DIR="${RUN_DIR:-$(pwd)/run}"',

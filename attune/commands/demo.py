@@ -79,7 +79,8 @@ class Display:
         if b.total:
             used = b.charged
             bar = ProgressBar(total=b.total, completed=min(used, b.total), width=30)
-            t.add_row("budget", Group(bar, Text(f"{used:.4g} of {b.total:.4g} rank-hours (reserve {b.reserve:.3g})")))
+            t.add_row("budget", f"{used:.4g} of {b.total:.4g} rank-hours (reserve {b.reserve:.3g})")
+            t.add_row("", bar)
         searches = [r for r in st.runs.values() if r.kind == "search"]
         failed = sum(1 for r in searches if r.outcome in ("oom", "hang", "crash"))
         t.add_row("launches", f"{len(searches)} ({failed} failed)")
