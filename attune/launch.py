@@ -142,6 +142,24 @@ class GateVerdict:
 _LISTS: dict[tuple[str, str], Any] = {}  # (path, sha256) -> the parsed list: a list is parsed once per content
 
 
+def load_gate_list(spec: CampaignSpec, campaign_dir: Path, list_sha256: str | None) -> Any:
+    """The campaign's correctness list, parsed once per content; raises gate.lists.ListError or OSError."""
+    from gate.lists import list_path, load_list
+
+    source: str | Path = spec.model
+    if spec.gate.lists:
+        p = Path(spec.gate.lists)
+        source = p if p.is_absolute() else (Path(campaign_dir) / p)
+    pinned = list_sha256 or spec.gate.list_sha256
+    path = list_path(source)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    loaded = _LISTS.get((str(path), digest))
+    if loaded is None or (pinned is not None and pinned != digest):
+        loaded = load_list(path, expected_sha256=pinned)  # validates (and refuses a changed list)
+        _LISTS[(str(path), loaded.sha256)] = loaded
+    return loaded
+
+
 def check_candidate(
     spec: CampaignSpec,
     campaign_dir: Path,
@@ -153,20 +171,10 @@ def check_candidate(
 ) -> GateVerdict:
     """Layer 1 of the correctness gate on a candidate recipe, before anything is submitted."""
     from gate.config_check import check_recipe
-    from gate.lists import ListError, list_path, load_list
+    from gate.lists import ListError
 
-    source: str | Path = spec.model
-    if spec.gate.lists:
-        p = Path(spec.gate.lists)
-        source = p if p.is_absolute() else (Path(campaign_dir) / p)
-    pinned = list_sha256 or spec.gate.list_sha256
     try:
-        path = list_path(source)
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        loaded = _LISTS.get((str(path), digest))
-        if loaded is None or (pinned is not None and pinned != digest):
-            loaded = load_list(path, expected_sha256=pinned)  # validates (and refuses a changed list)
-            _LISTS[(str(path), loaded.sha256)] = loaded
+        loaded = load_gate_list(spec, campaign_dir, list_sha256)
     except (ListError, OSError) as exc:
         return GateVerdict(False, f"the correctness list cannot be used: {exc}", [], None)
     result = check_recipe(loaded, baseline_args, candidate_args, baseline_env, candidate_env)
@@ -300,7 +308,7 @@ class Control:
                 decision.budget = state.budget.as_dict()
                 return decision
             assert decision.job is not None and decision.run_id is not None
-            self._write_job(decision, request)
+            self._write_job(decision, request.model_dump(), profile=request.profile)
             self.ledger.append("launch_admitted", {
                 "run_id": decision.run_id,
                 "kind": request.kind,
@@ -320,6 +328,75 @@ class Control:
             })
             decision.budget = self.state().budget.as_dict()
             return decision
+
+    def admit_final(self, kind: str, of: str) -> Admission:
+        """Admit a shipping run: a correctness `check` run or a final `remeasure` run of a recipe.
+
+        `of` is "baseline" or the id of a finished search run. These runs are the control plane's own
+        (the agent cannot ask for them): no gate at admission (the check runs are judged on their
+        resolved arguments afterwards), no identical-recipe rule. A check run is the recipe run for
+        `gate.convergence_steps` steps, paid from the reserve (it must fit what is left of the
+        budget, reserve included); a re-measurement is charged outside the budget (`final`)."""
+        if kind not in ("check", "remeasure"):
+            raise ValueError(f"kind must be check or remeasure, got {kind!r}")
+        with campaign_lock(self.dir):
+            state = self.state()
+            try:
+                decision = self._decide_final(state, kind, of)
+            except RunGenError as exc:
+                decision = Admission(False, exc.code, exc.message, kind=kind)
+            if not decision.admitted:
+                self.ledger.append("launch_refused", {"reason": decision.reason, "code": decision.code, "kind": kind,
+                                                      "changes": None, "lever": None, "hypothesis": None,
+                                                      "profile": False, "of": of})
+                decision.budget = state.budget.as_dict()
+                return decision
+            assert decision.job is not None and decision.run_id is not None
+            what = "correctness check" if kind == "check" else "final re-measurement"
+            request = {"kind": kind, "of": of, "steps": self._final_steps(kind)}
+            self._write_job(decision, request, profile=False)
+            self.ledger.append("launch_admitted", {
+                "run_id": decision.run_id, "kind": kind, "expected_gpu_hours": decision.expected_gpu_hours,
+                "changes": decision.changes, "hypothesis": f"{what} of {of}", "lever": None,
+                "expected_gain": None, "profile": False, "code_locations": {}, "base_run_id": of,
+                "recipe_key": decision.recipe_key, "retry_of": None, "prune_below": None, "gate": None,
+                "argv": list(decision.job.argv), "steps": request["steps"],
+            })
+            decision.budget = self.state().budget.as_dict()
+            return decision
+
+    def _final_steps(self, kind: str) -> int:
+        return self.spec.gate.convergence_steps if kind == "check" else self.spec.workload.steps_per_run
+
+    def _decide_final(self, state: CampaignState, kind: str, of: str) -> Admission:
+        if len(state.in_flight) >= self.spec.budget.concurrency:
+            return Admission(False, "concurrency", "runs are in flight: wait for them", kind=kind)
+        if of == "baseline":
+            base = Changes()
+        else:
+            run = state.runs.get(of)
+            if run is None or run.kind != "search" or run.status != "finished":
+                raise RunGenError("bad_request", f"{kind}: no finished search run {of!r}")
+            base = Changes(dict(run.changes.get("args") or {}), dict(run.changes.get("env") or {}))
+        cand = self.gen.candidate(base, Changes(), False)
+        steps = self._final_steps(kind)
+        if kind == "check":
+            cand = self.gen.with_steps(cand, steps)
+        expected = self.expected_cost(state, kind, False) or 0.0
+        if kind == "check":
+            left = state.budget.remaining
+            if left is None or expected > left + 1e-12:
+                return Admission(False, "budget", (
+                    f"a check run is expected to cost {expected:.6g} GPU-h and {left if left is not None else 0:.6g} "
+                    "GPU-h are left of the budget (reserve included)"), kind=kind, expected_gpu_hours=expected)
+        run_id = self._next_run_id(state, None, label=f"{kind}-{of}")
+        job = self.gen.resolve(cand, self.run_dir(run_id), self.workdir)
+        problems = self.gen.check_shape(job, False, steps=steps if kind == "check" else None)
+        if problems:
+            return Admission(False, "shape", "the job does not match the campaign's pinned shape: " + "; ".join(problems),
+                             kind=kind)
+        return Admission(True, run_id=run_id, kind=kind, expected_gpu_hours=_round(expected),
+                         changes=cand.changes.as_dict(), job=job, recipe_key=cand.recipe_key)
 
     def _base_changes(self, state: CampaignState, base: str) -> Changes:
         if base == "baseline":
@@ -449,24 +526,27 @@ class Control:
             f"identical to run {last.run_id} (outcome {last.outcome}{tps}): a recipe is measured once, and a "
             "failed recipe must be diagnosed and changed")
 
-    def _next_run_id(self, state: CampaignState, req: LaunchRequest) -> str:
+    def _next_run_id(self, state: CampaignState, req: LaunchRequest | None, label: str | None = None) -> str:
         n = len(state.runs) + 1
-        label = "calibration" if req.kind == "calibration" else _slug(req.lever) or "run"
+        if req is not None:
+            label = "calibration" if req.kind == "calibration" else _slug(req.lever) or "run"
+        else:
+            label = re.sub(r"[^a-z0-9]+", "-", (label or "run").lower()).strip("-")[:40].strip("-") or "run"
         run_id = f"r{n:03d}-{label}"
         while run_id in state.runs or self.run_dir(run_id).exists():
             n += 1
             run_id = f"r{n:03d}-{label}"
         return run_id
 
-    def _write_job(self, decision: Admission, req: LaunchRequest) -> None:
+    def _write_job(self, decision: Admission, request: dict[str, Any], profile: bool) -> None:
         job = decision.job
         assert job is not None
         job.run_dir.mkdir(parents=True, exist_ok=False)
         doc = {
             "run_id": decision.run_id,
             "campaign": self.name,
-            "kind": req.kind,
-            "profile": req.profile,
+            "kind": request["kind"],
+            "profile": profile,
             "changes": decision.changes,
             "retry_of": decision.retry_of,
             "exclude_nodes": decision.exclude_nodes,
@@ -478,7 +558,7 @@ class Control:
             "image": job.image,
             "workdir": str(job.workdir),
             "time_limit_s": self.spec.control.time_limit_s,
-            "request": req.model_dump(),
+            "request": request,
         }
         tmp = job.run_dir / "job.json.tmp"
         tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
@@ -534,7 +614,7 @@ class Control:
             ended = facts.ended_at if facts.ended_at is not None else time.time()
             charge = gpu_hours(self.spec.cluster.gpus, ended - started) if started is not None else 0.0
             recipe_failure = False
-            charged_to = "budget"
+            charged_to = "final" if run.kind == "remeasure" else "budget"
             if outcome == "infrastructure":
                 if run.retry_of is None:
                     charged_to = "infra"
@@ -563,6 +643,10 @@ class Control:
                 self.ledger.append("calibration_run", {"run_id": run_id,
                                                        "tokens_per_s_per_gpu": score.tokens_per_s_per_gpu})
                 self._maybe_set_budget()
+            elif run.kind in ("check", "remeasure"):
+                from attune.shipping import record_final_run
+
+                out.update(record_final_run(self, run_id))
             elif run.kind == "search" and verdict == "leader":
                 state = self.state()
                 prev_id, prev = state.leader_run_id, state.leader_tokens_per_s_per_gpu
@@ -605,13 +689,15 @@ class Control:
         b = self.spec.budget
         total = b.gpu_hours if b.gpu_hours is not None else b.default_multiple * run_cost
         reserve = b.reserve_gpu_hours
-        if reserve is None:
-            reserve = b.check_reserve_runs * run_cost * self.spec.gate.convergence_steps / self.spec.workload.steps_per_run
+        if reserve is None:  # the checks, plus the baseline's own check run (the reference curve)
+            reserve = ((b.check_reserve_runs + 1) * run_cost * self.spec.gate.convergence_steps
+                       / self.spec.workload.steps_per_run)
         reason = (
             f"calibration complete: one baseline run costs {run_cost:.6g} GPU-h; "
             + ("budget from the spec" if b.gpu_hours is not None else f"budget = {b.default_multiple:g} x that")
             + ("; reserve from the spec" if b.reserve_gpu_hours is not None
-               else f"; reserve = {b.check_reserve_runs} check runs of {self.spec.gate.convergence_steps} steps")
+               else f"; reserve = {b.check_reserve_runs} check runs and the baseline's reference run, "
+                    f"{self.spec.gate.convergence_steps} steps each")
         )
         self.ledger.append("budget_set", {"gpu_hours": _round(total), "reserve_gpu_hours": _round(reserve),
                                           "run_cost_gpu_hours": _round(run_cost), "reason": reason})

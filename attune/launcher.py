@@ -4,7 +4,8 @@
 directory with the attune plugin, records the session id in `session.json`, and whenever the
 process ends (a crash, a forced stop, a turn limit, the machine's reboot followed by a rerun of the
 same command) while the ledger lacks a stop and a shipped result, resumes that session with
-`--resume`. The ledger, not the session, is the source of truth: a resumed or fresh session
+`--resume`. Once the stop is recorded the agent's part is over: the broker's control plane ships
+(checks, shipped recipe, final re-measurement) and `attune tune` waits for it. The ledger, not the session, is the source of truth: a resumed or fresh session
 rebuilds the campaign from it (the SessionStart hook gives the agent its state).
 """
 
@@ -38,6 +39,12 @@ RESUME_PROMPT = (
 
 def campaign_done(state: CampaignState) -> bool:
     return (state.stop is not None or state.budget.spent) and state.shipped is not None and not state.in_flight
+
+
+def agent_done(state: CampaignState) -> bool:
+    """The agent's part is over: a stop is recorded (or the budget is spent). Shipping is the control
+    plane's (the broker runs it after the stop), so a session that ends after this is not resumed."""
+    return state.stop is not None or state.shipped is not None or (state.budget.spent and not state.in_flight)
 
 
 def default_plugin_dir() -> Path | None:
@@ -140,8 +147,8 @@ class ClaudeLauncher:
         record = SessionRecord.load(self.dir)
         for attempt in range(self.max_attempts):
             state, _ = load(self.dir)
-            if campaign_done(state):
-                self._say(f"campaign {state.name} is done: shipped {state.shipped.get('run_id') if state.shipped else '-'}")
+            if agent_done(state):
+                self._say(f"campaign {state.name}: the search is over (stop recorded); shipping is the control plane's")
                 return 0
             how = f"resuming session {record.session_id}" if record.session_id else "starting a new session"
             self._say(f"attempt {attempt + 1}/{self.max_attempts}: {how}")
@@ -150,7 +157,7 @@ class ClaudeLauncher:
                 self._say(f"claude exited with {rc}; resuming after {self.backoff_s:.0f}s")
                 time.sleep(self.backoff_s)
         state, _ = load(self.dir)
-        if campaign_done(state):
+        if agent_done(state):
             return 0
         self._say(f"gave up after {self.max_attempts} attempts; missing: {'; '.join(state.missing_for_stop())}")
         return 1

@@ -47,6 +47,7 @@ class Headline:
     payback_days: float | None = None
     remeasured: bool = False
     stop_reason: str | None = None
+    final_gpu_hours: float = 0.0  # the final re-measurement, outside the budget
 
 
 @dataclass
@@ -91,7 +92,10 @@ def _spec_facts(campaign_dir: Path) -> dict[str, Any]:
 
 
 def _remeasured(state: CampaignState, recipe_of: str) -> list[float]:
-    return [float(r["tokens_per_s_per_gpu"]) for r in state.remeasurements if r.get("recipe_of") == recipe_of]
+    """A recipe's final repeats: the valid ones, else (a busy machine) every one that measured something."""
+    rows = [r for r in state.remeasurements if r.get("recipe_of") == recipe_of]
+    valid = [float(r["tokens_per_s_per_gpu"]) for r in rows if r.get("valid", True)]
+    return valid or [float(r["tokens_per_s_per_gpu"]) for r in rows]
 
 
 def build(campaign_dir: Path | str) -> Report:
@@ -153,6 +157,7 @@ def build(campaign_dir: Path | str) -> Report:
         launches_refused=state.launches_refused,
         remeasured=remeasured,
         stop_reason=(state.stop or {}).get("diagnosis"),
+        final_gpu_hours=state.budget.final_charged,
     )
     price = facts.get("price")
     if price is not None:
@@ -201,7 +206,7 @@ def _changes(ch: dict[str, Any] | None) -> str:
     parts = []
     for section in ("args", "env"):
         for k, v in (ch.get(section) or {}).items():
-            parts.append(f"{k}={v}")
+            parts.append(f"{k}={'unset' if v is None else v}")
     if not parts:
         parts = [f"{k}={v}" for k, v in ch.items()]
     return ", ".join(parts)
@@ -214,7 +219,8 @@ def headline_lines(r: Report) -> list[tuple[str, str]]:
         ("shipped", f"{_f(h.shipped_tps)} tokens/s/GPU ({h.shipped_run_id or 'nothing shipped yet'})"),
         ("gain", _pct(h.gain) + (" (final re-measurement)" if h.remeasured else "")),
         ("band", "n/a" if h.band is None else f"{h.band:.2%} (calibration sigma {h.rel_sigma:.2%})"),
-        ("GPU-hours used", f"{h.gpu_hours_used:.4g}"),
+        ("GPU-hours used", f"{h.gpu_hours_used:.4g}"
+         + (f" (+{h.final_gpu_hours:.3g} for the final re-measurement)" if h.final_gpu_hours else "")),
         ("launches", f"{h.launches} ({h.failed_launches} failed, {h.failed_gpu_hours:.3g} GPU-h; "
                      f"{h.launches_refused} refused before launch)"),
         ("cost per million tokens", f"{_f(h.baseline_cost_per_mtok, '.4g')} -> {_f(h.shipped_cost_per_mtok, '.4g')}"),

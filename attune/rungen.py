@@ -315,13 +315,29 @@ class RunGenerator:
         return ResolvedJob(argv, env, args, c.gpus, c.gpus_per_node, self.baseline.image, workdir, run_dir)
 
     # --- the pinned shape -------------------------------------------------------------------
-    def expected_pins(self, profile: bool) -> dict[str, Any]:
-        """Each pinned flag's required value (None: must be absent), from the trusted recipe."""
+    def steps_flag(self) -> str | None:
+        return PINNED_FLAGS.get(self.spec.framework, {}).get("steps")
+
+    def expected_pins(self, profile: bool, steps: int | None = None) -> dict[str, Any]:
+        """Each pinned flag's required value (None: must be absent), from the trusted recipe.
+
+        `steps` overrides the run length (a correctness check run is longer than a measured run)."""
         trusted = dict(self.baseline.args)
         trusted.update(self.trusted_args(profile))
+        flag = self.steps_flag()
+        if steps is not None and flag is not None:
+            trusted[flag] = steps
         return {flag: _norm(trusted.get(flag)) for flag in sorted(self.pinned_flags)}
 
-    def check_shape(self, job: ResolvedJob, profile: bool) -> list[str]:
+    def with_steps(self, cand: Candidate, steps: int) -> Candidate:
+        """The same recipe run for `steps` steps (the only pinned flag a check run changes)."""
+        flag = self.steps_flag()
+        if flag is None:
+            raise RunGenError("bad_request", f"framework {self.spec.framework} has no steps flag")
+        args = {**cand.args, flag: steps}
+        return Candidate(cand.changes, args, dict(cand.env), cand.profile, self.recipe_key(args, cand.env, cand.profile))
+
+    def check_shape(self, job: ResolvedJob, profile: bool, steps: int | None = None) -> list[str]:
         """Problems of a resolved job against the campaign's pinned shape (empty: it conforms)."""
         problems: list[str] = []
         c = self.spec.cluster
@@ -334,7 +350,7 @@ class RunGenerator:
         command = [substitute(part, self.placeholders(job.run_dir)) for part in self.baseline.command]
         if list(job.argv[: len(command)]) != command:
             problems.append("the job's command is not the campaign's baseline command")
-        expected = self.expected_pins(profile)
+        expected = self.expected_pins(profile, steps)
         for flag, want in expected.items():
             got = _norm(job.args.get(flag))
             if got != want:

@@ -14,6 +14,7 @@ Standard library only: the Stop and SessionStart hooks fold the ledger.
 Budget arithmetic (GPU-hours):
     charged          all charges to the campaign budget (search runs, calibration, checks)
     infra_charged    infrastructure failures, paid by the infrastructure reserve
+    final_charged    the final re-measurement after shipping (outside the budget)
     in_flight        expected cost of admitted runs that have not finished
     reserve          held back for correctness checks; reserve_left = reserve - check charges
     remaining        total - charged - in_flight
@@ -76,6 +77,7 @@ class BudgetState:
     reserve: float = 0.0
     reserve_used: float = 0.0
     infra_reserve: float = 0.0
+    final_charged: float = 0.0  # the final re-measurement: outside the search budget, as in the paper
 
     @property
     def reserve_left(self) -> float:
@@ -109,6 +111,7 @@ class BudgetState:
             "reserve_gpu_hours": r(self.reserve),
             "reserve_left_gpu_hours": r(self.reserve_left),
             "infra_reserve_gpu_hours": r(self.infra_reserve),
+            "final_charged_gpu_hours": r(self.final_charged),
             "remaining_gpu_hours": r(self.remaining),
             "search_remaining_gpu_hours": r(self.search_remaining),
             "spent": self.spent,
@@ -243,7 +246,8 @@ class CampaignState:
     def _on_launch_refused(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
         self.launches_refused += 1
         self.refusals.append(
-            {"seq": row.seq, "reason": d["reason"], "code": d.get("code"), "changes": d.get("changes")}
+            {"seq": row.seq, "reason": d["reason"], "code": d.get("code"), "changes": d.get("changes"),
+             "kind": d.get("kind"), "of": d.get("of")}
         )
 
     def _on_run_submitted(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
@@ -281,6 +285,8 @@ class CampaignState:
         self.budget.in_flight = max(0.0, self.budget.in_flight - run.expected_gpu_hours)
         if run.charged_to == "infra":
             self.budget.infra_charged += charge
+        elif run.charged_to == "final":
+            self.budget.final_charged += charge
         else:
             self.budget.charged += charge
             if run.kind in CHECK_KINDS:

@@ -47,6 +47,16 @@ class CampaignHandle:
         self.image = self._image_tree()
         self._lock = threading.RLock()
         self._finishing: set[str] = set()
+        self._identity = self._first_row_hash()
+
+    def _first_row_hash(self) -> str | None:
+        """The campaign's identity: the hash of its first ledger row (a directory deleted and made
+        again under a running broker is another campaign, whose runs this broker must not touch)."""
+        try:
+            with open(self.dir / "ledger.jsonl", "rb") as fh:
+                return str(json.loads(fh.readline())["hash"])
+        except (OSError, ValueError, KeyError):
+            return None
 
     # --- the training image -----------------------------------------------------------------
     def _image_tree(self) -> FileTree | None:
@@ -66,6 +76,9 @@ class CampaignHandle:
         out = decision.as_dict()
         if not decision.admitted:
             return out
+        return self._submit(decision, out)
+
+    def _submit(self, decision: Admission, out: dict[str, Any]) -> dict[str, Any]:
         assert decision.job is not None and decision.run_id is not None
         job = decision.job
         spec = JobSpec(
@@ -119,6 +132,8 @@ class CampaignHandle:
     def poll(self) -> list[str]:
         """Advance every run in flight; returns what happened, for the broker's log."""
         events: list[str] = []
+        if self._first_row_hash() != self._identity:
+            return ["the campaign directory now holds another campaign: not watching it"]
         with self._lock:
             state = self.control.state()
             for run in state.in_flight:
@@ -127,7 +142,29 @@ class CampaignHandle:
                 except Exception as exc:  # one bad run must not stop the watch of the others
                     log.exception("campaign %s: polling run %s failed", self.name, run.run_id)
                     events.append(f"{run.run_id}: poll error {exc}")
+            try:
+                events += self.advance_shipping()
+            except Exception as exc:
+                log.exception("campaign %s: shipping step failed", self.name)
+                events.append(f"shipping error {exc}")
         return events
+
+    def advance_shipping(self) -> list[str]:
+        """After the stop: the control plane's shipping step (checks, ship, final re-measurement)."""
+        from attune import shipping
+
+        state = self.control.state()
+        if not shipping.is_due(state) or state.in_flight:
+            return []
+        before = state.shipped
+        decision = shipping.advance(self.control, self.backend)
+        if decision is not None:
+            out = self._submit(decision, decision.as_dict())
+            return [f"shipping: {decision.kind} run {decision.run_id} submitted={out.get('submitted')}"]
+        after = self.control.state().shipped
+        if before is None and after is not None:
+            return [f"shipping: shipped {after.get('run_id')} ({after.get('reason')})"]
+        return []
 
     def _poll_run(self, run: RunState) -> list[str]:
         if run.backend_id is None:
@@ -213,6 +250,9 @@ class CampaignHandle:
                 raise NotFound(run_id)
             if run.status == "finished":
                 return {"run_id": run_id, "cancelled": False, "reason": f"the run already finished ({run.outcome})"}
+            if run.kind in ("check", "remeasure"):
+                return {"run_id": run_id, "cancelled": False, "reason": (
+                    f"{run_id} is a {run.kind} run of the control plane's shipping step; it cannot be cancelled")}
             self._mark_kill(run_id, why, "cancelled through the broker" if why == "cancelled"
                             else "stopped early by the tuner's early abort")
             if run.backend_id is not None:

@@ -338,6 +338,12 @@ def _health(b: Broker, h: None, p: dict[str, Any], q: Any, body: Any) -> tuple[i
     return 200, {"ok": True, "service": "attune-broker", "pid": os.getpid()}, None
 
 
+def shipping_status(s: Any) -> dict[str, Any]:
+    from attune import shipping
+
+    return shipping.status(s)
+
+
 def campaign_summary(h: CampaignHandle) -> dict[str, Any]:
     s = h.state()
     d = s.as_dict()
@@ -348,7 +354,8 @@ def campaign_summary(h: CampaignHandle) -> dict[str, Any]:
         "concurrency": h.spec.budget.concurrency, "in_flight": in_flight,
         "launches": d["launches"], "failed_launches": d["failed_launches"], "launches_refused": d["launches_refused"],
         "runs": len(s.runs), "stop": d["stop"], "shipped": d["shipped"], "last_diagnosis": d["last_diagnosis"],
-        "missing_for_stop": d["missing_for_stop"], "rows": d["rows"],
+        "missing_for_stop": d["missing_for_stop"], "rows": d["rows"], "shipping": shipping_status(s),
+        "remeasurements": d["remeasurements"], "checks": d["checks"],
         "hang_timeout_s": h.spec.control.hang_timeout_s, "env_allowlist": h.spec.control.env_allowlist,
         "image_roots": h.image.describe() if h.image else [],
     }

@@ -25,9 +25,11 @@ def _hint(missing):
         steps.append("keep searching through the broker's tools, or, if the search is done, record a stop "
                      "with evidence (the broker's record_stop: the levers tested and the last diagnosis)")
     if "in flight" in text:
-        steps.append("wait for the runs in flight to finish (run_status), or cancel_run those that no longer matter")
+        steps.append("wait for the runs in flight to finish (run_status), or cancel_run search runs that no longer "
+                     "matter (check and re-measurement runs are the control plane's: wait for them)")
     if "shipping step" in text:
-        steps.append("run the shipping step (the gate checks the best candidates, fastest first, and one ships)")
+        steps.append("wait for the shipping step, which the control plane runs after the stop (the gate checks the "
+                     "best candidates, fastest first, and one ships; campaign_status shows its progress)")
     return "; ".join(steps)
 
 

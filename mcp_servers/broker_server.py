@@ -244,6 +244,17 @@ class Calibration(BaseModel):
     band: float | None
 
 
+class Shipping(BaseModel):
+    """The control plane's shipping step, which runs after the stop (not the agent's)."""
+
+    phase: str = Field(description="searching | waiting | checking | remeasuring | done")
+    done: bool = Field(description="shipped and re-measured: nothing more runs")
+    shipped: str | None = Field(None, description="the shipped run id, or baseline")
+    candidates: list[str] = Field(default_factory=list, description="runs to check, fastest first")
+    checks: list[dict[str, Any]] = Field(default_factory=list, description="gate verdicts so far")
+    reason: str = ""
+
+
 class CampaignStatus(BaseModel):
     name: str
     model: str
@@ -261,6 +272,7 @@ class CampaignStatus(BaseModel):
     missing_for_stop: list[str]
     env_allowlist: list[str]
     image_roots: list[str]
+    shipping: Shipping | None = None
 
 
 def _launch_result(payload: dict[str, Any]) -> LaunchResult:
@@ -452,6 +464,7 @@ async def campaign_status() -> CampaignStatus:
         failed_launches=p["failed_launches"], launches_refused=p["launches_refused"],
         stop_recorded=p["stop"] is not None, missing_for_stop=p["missing_for_stop"],
         env_allowlist=p["env_allowlist"], image_roots=[r["name"] for r in p["image_roots"]],
+        shipping=Shipping.model_validate(p["shipping"]) if p.get("shipping") else None,
     )
 
 

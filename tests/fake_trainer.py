@@ -8,6 +8,8 @@ and can misbehave on request, as real jobs do:
     --fake-mode hang   stop logging at step --fake-fail-at and sleep (until killed)
     --fake-mode crash  exit 3 at step --fake-fail-at without a word
     --fake-mode infra  report an NCCL system error (a network or host fault) at that step and exit 1
+    --fake-loss-drift  a stand-in for a code fault that the configuration check cannot see: the loss
+                       curve drifts away from the baseline's (the convergence check should reject it)
 
 It imports only the standard library, so it starts in milliseconds (real PyTorch runs use tinygpt),
 and it logs its nominal step time (it does sleep that long), so its throughput does not depend on
@@ -35,6 +37,8 @@ def main() -> int:
     p.add_argument("--fake-mode", choices=("ok", "oom", "hang", "crash", "infra"), default="ok")
     p.add_argument("--fake-fail-at", type=int, default=3)
     p.add_argument("--fake-variant", type=int, default=0, help="does nothing: makes recipes distinct")
+    p.add_argument("--fake-loss-drift", type=float, default=0.0,
+                   help="a stand-in for a code fault: the loss decays slower by this much per step")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--run-dir", default=None)
     p.add_argument("--profile", action="store_true")
@@ -68,7 +72,7 @@ def main() -> int:
                 sys.exit(1)
         time.sleep(a.fake_step_ms / 1000.0)
         ms = a.fake_step_ms  # the nominal step time: scores are deterministic whatever the machine's load
-        loss *= 0.97
+        loss *= 0.97 + a.fake_loss_drift
         print(
             f" [2026-10-02 11:04:17.123456] iteration {it:8d}/{a.train_iters:8d} |"
             f" consumed samples: {it * a.global_batch_size:12d} |"

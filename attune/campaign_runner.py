@@ -1,0 +1,344 @@
+"""A whole campaign, start to finish, resumable from its ledger: `attune tune` and `attune demo`.
+
+    start (freeze the spec) -> calibration (the baseline, `calibration.runs` times, through the broker)
+    -> the search (a built-in tuner through the broker, or headless Claude Code with the plugin)
+    -> the stop -> shipping (the broker's control plane: checks, ship, final re-measurement)
+    -> the report
+
+Every step reads the ledger first, so the same command resumes a campaign after any interruption:
+calibration launches only the runs still missing; runs that were in flight are waited for (the
+broker runs detached from this process and finishes them); a built-in tuner is replayed against the
+ledger (a candidate whose recipe already ran gets that run's outcome back instead of a launch, so
+no run is lost or repeated: the control plane refuses an identical recipe anyway); a Claude session
+is resumed with `--resume`; shipping carries on from its last row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attune import ledger as ledger_mod
+from attune import report as report_mod
+from attune import shipping
+from attune.campaign import start
+from attune.rungen import Changes, RunGenerator, RunGenError, parse_changes
+from attune.spec import CampaignSpec
+from attune.state import CampaignState, RunState, load
+from attune.tuners.base import Candidate, Outcome, split_changes
+from attune.tuners.driver import drive
+from attune.tuners.factory import BUILT_IN, make_tuner
+
+TUNERS = ("claude", *BUILT_IN)
+EARLY_ABORT_TUNERS = ("tpe", "tpe-prefilter", "random")
+
+
+class RunnerError(Exception):
+    """The campaign cannot go on (the baseline keeps failing, the broker cannot be reached)."""
+
+
+# ------------------------------------------------------------------------------------ events
+
+
+def describe_row(row: ledger_mod.Row, state: CampaignState) -> str | None:
+    """One line for a ledger row, for progress output (None: not worth a line)."""
+    d = row.data
+    t = row.type
+    if t == "campaign_started":
+        return f"campaign {d['name']} started ({d.get('gpus')} GPUs, {d.get('backend')} backend)"
+    if t == "budget_set":
+        cal = state.calibration
+        band = f"; mean {cal.mean:,.1f} tokens/s/GPU, band {cal.band:.2%}" if cal else ""
+        return f"calibration complete{band}; budget {d['gpu_hours']:.4g} GPU-h (reserve {d.get('reserve_gpu_hours') or 0:.3g})"
+    if t == "launch_admitted":
+        ch = d.get("changes") or {}
+        parts = [f"{k}={'unset' if v is None else v}" for k, v in (ch.get("args") or {}).items()] + [
+            f"{k}={'unset' if v is None else v}" for k, v in (ch.get("env") or {}).items()]
+        what = {"calibration": "calibration run", "check": f"check run of {d.get('base_run_id')}",
+                "remeasure": f"final re-measurement of {d.get('base_run_id')}"}.get(d["kind"], "search run")
+        return f"launch {d['run_id']}: {what}" + (f" ({', '.join(parts)})" if parts and d["kind"] == "search" else "")
+    if t == "measurement":
+        run = state.runs.get(d["run_id"])
+        tps = d.get("tokens_per_s_per_gpu")
+        cal = state.calibration
+        g = f" ({tps / cal.mean - 1:+.1%})" if tps and cal and run and run.kind == "search" else ""
+        out = run.outcome if run else "?"
+        val = f"{tps:,.1f} tokens/s/GPU{g}" if tps else "no measurement"
+        return f"  {d['run_id']}: {out}, {val}, {d.get('verdict')}"
+    if t == "launch_refused":
+        return f"  refused ({d.get('code')}): {str(d.get('reason'))[:160]}"
+    if t == "leader_changed":
+        g = d.get("gain_over_baseline")
+        return f"  new leader {d['run_id']}" + (f": {g:+.1%} over the baseline" if g is not None else "")
+    if t == "stop_recorded":
+        return f"stop: {str(d.get('diagnosis'))[:200]}"
+    if t == "check_run":
+        return (f"  gate on {d['candidate_run_id']}: {'passed' if d['passed'] else 'rejected'}"
+                f" ({str(d.get('reason'))[:160]})")
+    if t == "shipped":
+        return f"shipped {d['run_id']}: {d.get('reason')}"
+    if t == "remeasurement":
+        return f"  re-measured {d['recipe_of']}: {d['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU"
+    return None
+
+
+class LedgerWatcher:
+    """Follows a campaign's ledger and turns new rows into progress lines."""
+
+    def __init__(self, campaign_dir: Path) -> None:
+        self.dir = campaign_dir
+        self.state = CampaignState()
+        self.offset = 0
+
+    def poll(self) -> list[str]:
+        try:
+            res = ledger_mod.read(self.dir, self.offset, self.state.last_seq + 1, self.state.last_hash)
+        except ledger_mod.LedgerError:
+            return []
+        lines = []
+        for row in res.rows:
+            self.state.apply(row)
+            line = describe_row(row, self.state)
+            if line:
+                lines.append(line)
+        self.offset = res.end_offset
+        return lines
+
+
+# ------------------------------------------------------------------------------------ replay
+
+
+class ReplayPlane:
+    """A tuner's control plane that answers from the ledger for recipes that already ran.
+
+    Resuming a campaign replays the tuner from the start: a deterministic tuner proposes the same
+    candidates in the same order, and each one that already has a finished run gets that run's
+    outcome back without a launch. New candidates go to the broker as usual."""
+
+    def __init__(self, inner: Any, spec: CampaignSpec, state: CampaignState) -> None:
+        self.inner = inner
+        self.concurrency = inner.concurrency
+        self.gen = RunGenerator(spec)
+        self.done: dict[str, RunState] = {
+            r.recipe_key: r for r in state.runs.values()
+            if r.kind == "search" and r.status == "finished" and r.recipe_key and not r.profile
+            and r.outcome != "infrastructure"}
+        self.replayed = 0
+
+    def _key(self, cand: Candidate) -> str | None:
+        try:
+            c = self.gen.candidate(Changes(), parse_changes(split_changes(cand.changes)), False)
+        except RunGenError:
+            return None
+        return c.recipe_key
+
+    def evaluate(self, candidate: Candidate, prune_below: float | None) -> Outcome:
+        key = self._key(candidate)
+        run = self.done.get(key) if key else None
+        if run is not None:
+            self.replayed += 1
+            return Outcome(run_id=run.run_id, outcome=run.outcome or "failed",
+                           tokens_per_s_per_gpu=run.tokens_per_s_per_gpu, valid=bool(run.valid),
+                           promoted=run.verdict == "leader", reason="replayed from the ledger",
+                           extra={"replayed": True, "verdict": run.verdict})
+        return self.inner.evaluate(candidate, prune_below)
+
+    def can_launch(self) -> bool:
+        return self.inner.can_launch()
+
+    def baseline_tps(self) -> float:
+        return self.inner.baseline_tps()
+
+    def leader_tps(self) -> float:
+        return self.inner.leader_tps()
+
+    def record_stop(self, evidence: dict[str, Any]) -> None:
+        self.inner.record_stop({**evidence, "replayed": self.replayed})
+
+
+# ------------------------------------------------------------------------------------ runner
+
+
+@dataclass
+class TuneResult:
+    campaign_dir: Path
+    tuner: str
+    shipped: str | None
+    report_md: Path
+    report_html: Path
+    headline: dict[str, Any]
+    seconds: float
+    replayed: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"campaign_dir": str(self.campaign_dir), "tuner": self.tuner, "shipped": self.shipped,
+                "report_md": str(self.report_md), "report_html": str(self.report_html),
+                "headline": self.headline, "seconds": round(self.seconds, 1), "replayed": self.replayed,
+                "notes": self.notes}
+
+
+def _say_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+class CampaignRunner:
+    def __init__(
+        self,
+        campaign_dir: Path | str,
+        tuner: str,
+        *,
+        seed: int = 0,
+        max_passes: int = 3,
+        claude: str = "claude",
+        claude_args: list[str] | None = None,
+        claude_env: dict[str, str] | None = None,
+        max_attempts: int = 20,
+        say: Callable[[str], None] | None = _say_stderr,
+        poll_s: float = 1.0,
+    ) -> None:
+        if tuner not in TUNERS:
+            raise ValueError(f"tuner must be one of {', '.join(TUNERS)}, got {tuner!r}")
+        self.dir = Path(campaign_dir).resolve()
+        self.tuner_name = tuner
+        self.seed = seed
+        self.max_passes = max_passes
+        self.claude = claude
+        self.claude_args = claude_args or []
+        self.claude_env = claude_env
+        self.max_attempts = max_attempts
+        self.say = say
+        self.poll_s = poll_s
+        self.watcher = LedgerWatcher(self.dir)
+        self.replayed = 0
+        self.notes: list[str] = []
+        self._progress_lock = threading.Lock()
+
+    # --- plumbing ---------------------------------------------------------------------------
+    def _progress(self) -> None:
+        with self._progress_lock:
+            for line in self.watcher.poll():
+                if self.say:
+                    self.say(line)
+
+    def _progress_loop(self, stop: threading.Event) -> None:
+        while not stop.wait(self.poll_s):
+            with contextlib.suppress(Exception):  # progress output must never stop the campaign
+                self._progress()
+
+    def state(self) -> CampaignState:
+        st, _ = load(self.dir)
+        return st
+
+    def _client(self) -> Any:
+        from broker.client import BrokerClient, endpoint_for
+
+        ep = endpoint_for(self.dir)
+        return BrokerClient(ep.url, ep.token)
+
+    def _ensure_broker(self) -> None:
+        """The broker must be up while anything is to be watched or shipped (it restarts a dead one)."""
+        from broker.client import endpoint_for
+
+        endpoint_for(self.dir)
+
+    def _wait(self, done: Callable[[CampaignState], bool], what: str) -> CampaignState:
+        last_ensure = 0.0
+        while True:
+            self._progress()
+            st = self.state()
+            if done(st):
+                return st
+            if time.monotonic() - last_ensure > 30.0:
+                self._ensure_broker()
+                last_ensure = time.monotonic()
+            time.sleep(self.poll_s)
+
+    # --- the steps --------------------------------------------------------------------------
+    def run(self) -> TuneResult:
+        t0 = time.monotonic()
+        spec, _ = start(self.dir)
+        if self.tuner_name != "claude":
+            make_tuner(spec, self.tuner_name, self.seed, self.max_passes)  # a bad search space fails before any run
+        self._ensure_broker()
+        self._progress()
+        stop = threading.Event()
+        ticker = threading.Thread(target=self._progress_loop, args=(stop,), name="attune-progress", daemon=True)
+        ticker.start()
+        try:
+            if self.tuner_name == "claude":
+                self.run_claude()
+            else:
+                with self._client() as client:
+                    self.calibrate(client, spec)
+                    self.search(client, spec)
+            st = self._wait(shipping.done, "shipping")
+        finally:
+            stop.set()
+            ticker.join(timeout=5)
+        self._progress()
+        md, page, rep = report_mod.write(self.dir)
+        return TuneResult(self.dir, self.tuner_name, (st.shipped or {}).get("run_id"), md, page,
+                          dict(rep.headline.__dict__), time.monotonic() - t0, self.replayed, self.notes)
+
+    def calibrate(self, client: Any, spec: CampaignSpec) -> None:
+        required = spec.calibration.runs
+        while True:
+            self._progress()
+            st = self.state()
+            if st.calibration is not None:
+                return
+            done = [r for r in st.runs.values() if r.kind == "calibration" and r.status == "finished"]
+            failed = [r for r in done if r.outcome != "ok"]
+            invalid = [r for r in done if r.outcome == "ok" and not r.valid]
+            if len(failed) > required or len(invalid) > 3 * required:
+                last = (failed or invalid)[-1]
+                raise RunnerError(
+                    f"the baseline failed {len(failed)} and measured invalid {len(invalid)} calibration runs (last: "
+                    f"{last.run_id} {last.outcome}: {last.reason}; {'; '.join(last.invalid_reasons)}); fix the recipe "
+                    "or the machine's load")
+            open_ = [r for r in st.in_flight if r.kind == "calibration"]
+            want = required - len(st.calibration_values) - len(open_)
+            room = spec.budget.concurrency - len(st.in_flight)
+            for _ in range(max(0, min(want, room))):
+                status, payload = client.launch(kind="calibration")
+                if status != 201:
+                    break
+            time.sleep(self.poll_s)
+
+    def search(self, client: Any, spec: CampaignSpec) -> None:
+        from broker.tuner_plane import BrokerControlPlane
+
+        st = self.state()
+        if st.stop is not None:
+            return
+        # Runs admitted before an interruption finish first (the broker watches them), so replay sees them.
+        st = self._wait(lambda s: not any(r.kind == "search" for r in s.in_flight), "runs in flight")
+        if st.stop is not None:
+            return
+        tuner = make_tuner(spec, self.tuner_name, self.seed, self.max_passes)
+        plane = ReplayPlane(BrokerControlPlane(client, poll_s=min(self.poll_s, 1.0)), spec, st)
+
+        def on_outcome(_c: Candidate, _o: Outcome) -> None:
+            self._progress()
+
+        drive(tuner, plane, early_abort=self.tuner_name in EARLY_ABORT_TUNERS, on_outcome=on_outcome)
+        self.replayed = plane.replayed
+        if plane.replayed and self.say:
+            self.say(f"resumed: {plane.replayed} candidate(s) answered from the ledger, none launched twice")
+
+    def run_claude(self) -> None:
+        from attune.launcher import ClaudeLauncher
+
+        launcher = ClaudeLauncher(self.dir, claude=self.claude, max_attempts=self.max_attempts,
+                                  extra_args=self.claude_args, env=self.claude_env)
+        rc = launcher.run()
+        if rc != 0:
+            raise RunnerError(f"the Claude Code sessions did not finish the campaign (exit {rc}); "
+                              "rerun the same command to resume")

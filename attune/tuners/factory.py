@@ -1,0 +1,135 @@
+"""Build a built-in tuner for a campaign: its search space, the baseline's values, the skill's catalog.
+
+The search space is the campaign's `search_space` (flag or environment variable -> values; `null`
+means "flag absent"). The heuristic tuner takes its lever order and hypotheses from the skill's
+lever catalog (`skills/attune/catalog/levers.yaml`): larger typical effects first, each lever's
+mechanism and when it helps as the hypothesis. `tpe-prefilter` puts the skill's memory estimate in
+front of TPE where the model's shapes and the accelerator's memory are known.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Callable
+from typing import Any
+
+from attune.spec import CampaignSpec
+from attune.tuners.base import ArgValue, Tuner
+from attune.tuners.heuristic import HeuristicTuner
+from attune.tuners.random_search import RandomTuner
+from attune.tuners.tpe import TPETuner
+
+SIZE_ORDER = {"large": 0, "medium": 1, "varies": 2, "small": 3, "negligible": 4}
+BUILT_IN = ("heuristic", "tpe", "tpe-prefilter", "random")
+
+
+class TunerSetupError(ValueError):
+    """The campaign cannot be searched by a built-in tuner (no or a bad search space)."""
+
+
+def space_and_baseline(spec: CampaignSpec) -> tuple[dict[str, list[ArgValue]], dict[str, ArgValue]]:
+    """The declared space with environment values as strings, and the baseline's value of each key."""
+    if not spec.search_space:
+        raise TunerSetupError(
+            "search_space: the campaign declares no search space; the built-in tuners need one "
+            "(flag or variable -> values), e.g. {\"--micro-batch-size\": [1, 2, 4]}")
+    space: dict[str, list[ArgValue]] = {}
+    baseline: dict[str, ArgValue] = {}
+    for key, values in spec.search_space.items():
+        is_flag = key.startswith("--")
+        vals: list[ArgValue] = [v if is_flag or v is None else str(v) for v in values]
+        if not vals:
+            raise TunerSetupError(f"search_space.{key}: expected at least one value")
+        base = spec.baseline.args.get(key) if is_flag else spec.baseline.env.get(key)
+        if base is False:
+            base = None
+        # The baseline's value in the space's own spelling (4 and "4" are the same on a command line).
+        same = [v for v in vals if v is not None and base is not None and str(v) == str(base)]
+        baseline[key] = same[0] if same else base
+        space[key] = vals
+    return space, baseline
+
+
+def catalog_guidance(spec: CampaignSpec, keys: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Lever order (larger typical effect first) and hypotheses for the space's keys, from the catalog."""
+    try:
+        from attune.catalog import load_catalog
+
+        catalog = load_catalog()
+    except Exception:  # the tuner still runs without the catalog, in the campaign's order
+        return list(keys), {}
+    framework = "tinygpt" if spec.model.startswith("tinygpt") else "megatron"
+    found: dict[str, Any] = {}
+    for key in keys:
+        matches = [lv for lv in catalog.levers if any(f.name == key for f in lv.flags)]
+        matches.sort(key=lambda lv: 0 if framework in lv.frameworks else 1)
+        if matches:
+            found[key] = matches[0]
+    order = sorted(keys, key=lambda k: (SIZE_ORDER.get(found[k].rough_size.size, 5) if k in found else 6,
+                                        keys.index(k)))
+    hypotheses = {}
+    for key, lv in found.items():
+        helps = lv.helps_when[0] if lv.helps_when else ""
+        hypotheses[key] = f"{lv.id}: {' '.join(lv.mechanism.split())} Helps when {helps}"
+    return order, hypotheses
+
+
+def memory_prefilter(spec: CampaignSpec) -> tuple[Callable[[dict[str, ArgValue]], str | None] | None, str]:
+    """The skill's memory estimate as a filter, where it applies; (None, why not) otherwise."""
+    from attune.layouts import LayoutError, find_model
+    from attune.memory_estimate import accelerator_gib
+    from attune.skilltools import memory_main
+
+    try:
+        find_model(spec.model)
+        accelerator_gib(spec.cluster.accelerator)
+    except (LayoutError, KeyError, ValueError) as exc:
+        return None, f"no memory estimate for {spec.model} on {spec.cluster.accelerator}: {exc}"
+
+    def degree(args: dict[str, Any], flag: str, default: int = 1) -> int:
+        v = args.get(flag)
+        return int(v) if v not in (None, False, True) else default
+
+    def skip(full: dict[str, ArgValue]) -> str | None:
+        args = {**spec.baseline.args, **{k: v for k, v in full.items() if k.startswith("--")}}
+        recompute = args.get("--recompute-granularity") or ("selective" if args.get("--recompute-activations")
+                                                            else "none")
+        argv = ["--model", spec.model, "--gpus", str(spec.cluster.gpus), "--accelerator", spec.cluster.accelerator,
+                "--tp", str(degree(args, "--tensor-model-parallel-size")),
+                "--pp", str(degree(args, "--pipeline-model-parallel-size")),
+                "--cp", str(degree(args, "--context-parallel-size")),
+                "--micro-batch", str(degree(args, "--micro-batch-size")),
+                "--global-batch", str(spec.workload.global_batch), "--seq-length", str(spec.workload.seq_length),
+                "--recompute", str(recompute)]
+        if args.get("--expert-model-parallel-size"):
+            argv += ["--ep", str(degree(args, "--expert-model-parallel-size"))]
+        if args.get("--num-virtual-stages-per-pipeline-rank"):
+            argv += ["--vp", str(degree(args, "--num-virtual-stages-per-pipeline-rank"))]
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            code = memory_main(argv + ["--json"])
+        if code == 1:
+            return "the memory estimate says a stage does not fit"
+        if code == 2:
+            return "the layout is infeasible for this model and GPU count"
+        return None
+
+    return skip, "memory estimate of the skill's helpers"
+
+
+def make_tuner(spec: CampaignSpec, name: str, seed: int = 0, max_passes: int = 3) -> Tuner:
+    space, baseline = space_and_baseline(spec)
+    if name == "heuristic":
+        order, hypotheses = catalog_guidance(spec, list(space))
+        return HeuristicTuner(space, baseline, seed=seed, priority=order, hypotheses=hypotheses,
+                              max_passes=max_passes)
+    if name == "random":
+        return RandomTuner(space, baseline, seed=seed)
+    if name == "tpe":
+        return TPETuner(space, baseline, seed=seed)
+    if name == "tpe-prefilter":
+        prefilter, _why = memory_prefilter(spec)
+        tuner = TPETuner(space, baseline, seed=seed, prefilter=prefilter)
+        tuner.name = "tpe-prefilter"
+        return tuner
+    raise TunerSetupError(f"--tuner: expected one of claude, {', '.join(BUILT_IN)}; got {name!r}")

@@ -1,0 +1,118 @@
+"""`attune tune` end to end on the local backend: calibration, a built-in tuner through the broker,
+the stop, shipping, the report; and resuming after the command is killed mid-campaign.
+
+The jobs are real processes of the stand-in trainer (tests/fake_trainer.py, milliseconds per step);
+the real tinygpt runs in tests/test_campaign_tinygpt.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from attune import ledger, shipping
+from attune.state import load
+from tests._broker_helpers import ROOT, make_campaign, wait_for
+
+SPACE = {"--fake-step-ms": [30, 20, 14, 10], "--fake-variant": [0, 1]}
+
+
+def _tune(d: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "attune", "tune", str(d / "campaign.yaml"), *extra],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def _stop_broker(d: Path) -> None:
+    subprocess.run([sys.executable, "-m", "attune", "broker", "stop", str(d)], capture_output=True, cwd=ROOT,
+                   timeout=60)
+
+
+def _search_keys(d: Path) -> list[str]:
+    st, _ = load(d)
+    return [r.recipe_key or "" for r in st.runs.values() if r.kind == "search"]
+
+
+@pytest.fixture
+def campaigns(tmp_path: Path):  # type: ignore[no-untyped-def]
+    made: list[Path] = []
+
+    def make(name: str, **over: object) -> Path:
+        d = make_campaign(tmp_path, name, **{"search_space": SPACE, **over})
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        _stop_broker(d)
+
+
+def test_tune_heuristic_whole_campaign(campaigns) -> None:  # type: ignore[no-untyped-def]
+    d = campaigns("tune-h", budget={"concurrency": 1})
+    res = _tune(d, "--tuner", "heuristic", "--json")
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout)
+    st, _ = load(d)
+    # calibration: 5 good baseline runs; default budget 30 x one run, with the check reserve
+    assert len(st.calibration_values) == 5 and st.budget.total is not None
+    budget_row = next(r for r in ledger.read(d).rows if r.type == "budget_set")
+    assert budget_row.data["gpu_hours"] == pytest.approx(30 * budget_row.data["run_cost_gpu_hours"], rel=1e-5)
+    # the heuristic walked the step-time lever down to 10 ms; no recipe ran twice
+    keys = _search_keys(d)
+    assert len(keys) == len(set(keys)) >= 3
+    assert st.stop is not None and st.stop["levers_tested"] == ["--fake-step-ms", "--fake-variant"]
+    assert out["shipped"] == st.shipped["run_id"] != "baseline"
+    assert st.runs[out["shipped"]].changes["args"]["--fake-step-ms"] == 10
+    assert shipping.done(st) and not st.in_flight
+    h = out["headline"]
+    assert h["remeasured"] and h["gain"] > 0.5 and h["launches"] == len(keys)
+    assert Path(out["report_html"]).is_file() and (d / "shipped" / "run.sh").is_file()
+    assert "calibration complete" in res.stderr and "shipped " in res.stderr
+
+
+def test_killed_mid_campaign_resumes_without_losing_or_repeating_a_run(campaigns) -> None:  # type: ignore[no-untyped-def]
+    # Steps of 60 ms make each run last about a second, so the kill lands mid-search.
+    slow = {"baseline": {"command": ["python", "tests/fake_trainer.py"],
+                         "args": {"--seq-length": 128, "--global-batch-size": 16, "--train-iters": 14,
+                                  "--fake-step-ms": 60}},
+            "search_space": {"--fake-step-ms": [90, 60, 45, 30], "--fake-variant": [0, 1]},
+            "budget": {"concurrency": 1}}
+    d = campaigns("tune-kill", **slow)
+    proc = subprocess.Popen([sys.executable, "-m", "attune", "tune", str(d / "campaign.yaml"), "--tuner",
+                             "heuristic"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            start_new_session=True)
+    try:
+        wait_for(lambda: len(_search_keys(d)) >= 2, timeout_s=120, interval_s=0.1)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the command and anything it started in its session
+        proc.wait(timeout=30)
+    before = load(d)[0]
+    assert before.stop is None and before.shipped is None
+    res = _tune(d, "--tuner", "heuristic", "--json")
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout)
+    st, _ = load(d)
+    keys = _search_keys(d)
+    assert len(keys) == len(set(keys)), "a recipe ran twice"
+    assert all(r.status == "finished" for r in st.runs.values()), "a run was lost"
+    assert set(before.runs) <= set(st.runs)
+    assert out["replayed"] >= 1 and "answered from the ledger" in res.stderr
+    assert not [r for r in ledger.read(d).rows if r.type == "launch_refused" and r.data.get("code") == "identical"]
+    assert st.shipped is not None and st.runs[st.shipped["run_id"]].changes["args"]["--fake-step-ms"] == 30
+    # the same tuner uninterrupted launches the same recipes in the same order
+    ref = campaigns("tune-ref", **slow)
+    assert _tune(ref, "--tuner", "heuristic", "--quiet").returncode == 0
+    assert _search_keys(ref) == keys
+
+
+def test_tune_refuses_a_campaign_without_a_search_space(tmp_path: Path) -> None:
+    d = make_campaign(tmp_path, "nospace")
+    t0 = time.monotonic()
+    res = _tune(d, "--tuner", "tpe")
+    assert res.returncode == 2 and "search_space" in res.stderr
+    assert time.monotonic() - t0 < 30 and not (d / "runs").exists()
