@@ -26,6 +26,7 @@ Standard library only.
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 TYPE_CHECKING = False  # no typing import at run time: hooks start on every tool call
@@ -59,6 +60,26 @@ def outside_by_env() -> bool:
     Claude Code sets CLAUDE_PROJECT_DIR for hooks, so most sessions need not even parse their input)."""
     return (not os.environ.get("ATTUNE_CAMPAIGN_DIR") and bool(os.environ.get("CLAUDE_PROJECT_DIR"))
             and find_campaign({}) is None)
+
+
+def read_event(raw: str) -> tuple[dict[str, Any], str] | None:
+    """Parse a hook's input and find its campaign; None when the hook has nothing to do here.
+
+    Raises on a malformed payload or a Python older than 3.11, so that the calling hook fails closed.
+    """
+    if outside_by_env():
+        return None
+    import json
+
+    payload = json.loads(raw or "{}")
+    if not isinstance(payload, dict):
+        raise ValueError("the hook input is not a JSON object")
+    campaign = find_campaign(payload)
+    if campaign is None:
+        return None
+    if sys.version_info < (3, 11):  # noqa: UP036 - hooks run on whatever python3 the user has
+        raise RuntimeError(f"attune's hooks need Python 3.11 or newer, python3 here is {sys.version.split()[0]}")
+    return payload, campaign
 
 
 def find_campaign(payload: dict[str, Any]) -> str | None:

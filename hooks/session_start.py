@@ -92,18 +92,10 @@ def main():
         sys.path.insert(0, ROOT)
         from hooks import runtime
 
-        if runtime.outside_by_env():
+        event = runtime.read_event(raw)
+        if event is None:  # not in a campaign, or switched off: do nothing
             return 0
-        import json
-
-        payload = json.loads(raw or "{}")
-        if not isinstance(payload, dict):
-            raise ValueError("the hook input is not a JSON object")
-        campaign = runtime.find_campaign(payload)
-        if campaign is None:
-            return 0
-        if sys.version_info < (3, 11):  # noqa: UP036 - hooks run on whatever python3 the user has
-            raise RuntimeError(f"attune's hooks need Python 3.11 or newer, python3 here is {sys.version.split()[0]}")
+        payload, campaign = event
         from attune import state
 
         st, read = state.load(campaign)
