@@ -2,7 +2,7 @@
 three seeds each. Prints, per tuner, the mean gain (from each campaign's final re-measurement),
 launches, failed launches and the budget used.
 
-    /work/venv/bin/python benchmarks/compare_tuners.py [--seeds 0 1 2] [--tuners heuristic tpe random]
+    python benchmarks/compare_tuners.py [--seeds 0 1 2] [--tuners heuristic tpe random]
         [--search-runs 5] [--workdir /tmp/attune-compare]
 
 This is a benchmark, not a test: real tinygpt runs on the local backend, about 4-5 minutes per
