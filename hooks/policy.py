@@ -62,26 +62,17 @@ SEARCH_TOOLS = {"Glob", "Grep"}
 WRITE_TOOLS = {"Edit": "file_path", "MultiEdit": "file_path", "Write": "file_path", "NotebookEdit": "notebook_path"}
 WEB_TOOLS = frozenset({"WebFetch", "WebSearch"})
 
-# Read-only commands: name -> options that would make them write, execute or change state.
-READ_ONLY: dict[str, tuple[str, ...]] = {
-    "ls": (), "cat": (), "head": (), "tail": (), "wc": (), "stat": (), "du": (), "df": (),
-    # following symbolic links while recursing could leave the allow-list: -R, --follow, -L
-    "grep": ("-R", "--dereference-recursive"), "egrep": ("-R", "--dereference-recursive"),
-    "fgrep": ("-R", "--dereference-recursive"), "rg": ("--pre", "--pre-glob", "-L", "--follow"),
-    "find": ("-exec", "-execdir", "-ok", "-okdir", "-delete", "-fprint", "-fprint0", "-fprintf", "-fls", "-L",
-             "-follow"),
-    "file": ("-C", "--compile"), "diff": (), "cmp": (), "comm": (), "join": (), "paste": (),
-    "sort": ("-o", "--output", "--compress-program"), "uniq": (), "cut": (), "tr": (), "nl": (),
-    "column": (), "fold": (), "tac": (), "rev": (), "expand": (), "jq": (), "numfmt": (),
-    "md5sum": (), "sha1sum": (), "sha256sum": (), "basename": (), "dirname": (), "realpath": (),
-    "readlink": (), "pwd": (), "echo": (), "printf": (), "date": ("-s", "--set"), "true": (), "false": (),
-    "tree": ("-o",), "seq": (), "sleep": (), "nproc": (), "uname": (), "whoami": (), "id": (),
-    "which": (), "od": (), "hexdump": (), "strings": (),
-}
-# Commands whose positional arguments are data, not paths (checked only for options).
-NO_PATH_ARGS = frozenset({"echo", "printf", "seq", "sleep", "numfmt", "basename", "dirname"})
-ATTUNE_READ_ONLY = (("status",), ("ledger", "show"), ("ledger", "verify"), ("validate",), ("schema",),
-                    ("--version",), ("--help",), ("-h",))
+# Read-only programs and their options: hooks/programs.py (loaded only for shell commands).
+ATTUNE_READ_ONLY: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
+    # (subcommand words, options refused with every abbreviation argparse accepts)
+    (("status",), ()), (("ledger", "show"), ()), (("ledger", "verify"), ()), (("validate",), ()),
+    (("schema",), ("--write",)), (("metrics",), ()), (("--version",), ()), (("--help",), ()), (("-h",), ()),
+)
+# The skill's scripts: options that would write outside the notes (argparse takes any unique prefix).
+SKILL_SCRIPT_DENY = {"add_lesson.py": ("--file",)}
+# jq builtins that read the environment, name input files, or load modules from the search path.
+JQ_DENY = frozenset({"env", "$ENV", "input_filename", "import", "include", "modulemeta", "get_search_list",
+                     "get_prog_origin", "get_jq_origin", "$__prog_args", "$__loc__"})
 
 _CATEGORIES: list[tuple[str, frozenset[str]]] = [
     ("is a network tool: a campaign session has no network access; the broker reaches the cluster", frozenset({
@@ -127,8 +118,11 @@ _CATEGORIES: list[tuple[str, frozenset[str]]] = [
 
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _PYTHON = re.compile(r"^python(3(\.\d+)?)?$")
-_PY_SAFE_FLAGS = frozenset({"-u", "-B", "-I", "-E", "-s", "-S", "-O", "-OO", "-X", "-W"})
+_PY_FLAGS = "uBIEsSOqb"  # python options a skill script may run under (-W takes a value; -X is refused)
 GLOB_MATCH_LIMIT = 2000
+FIND_ZERO = frozenset(["-print", "-print0", "-ls", "-true", "-false", "-prune", "-quit", "-empty", "-readable", "-writable", "-executable", "-nouser", "-nogroup", "-depth", "-mount", "-xdev", "-noleaf", "-daystart", "-not", "-a", "-and", "-o", "-or", "!", "(", ")", ",", "-ignore_readdir_race", "-noignore_readdir_race", "-d"])
+FIND_DATA = frozenset(["-name", "-iname", "-path", "-ipath", "-wholename", "-iwholename", "-regex", "-iregex", "-regextype", "-type", "-xtype", "-maxdepth", "-mindepth", "-size", "-mtime", "-mmin", "-atime", "-amin", "-ctime", "-cmin", "-user", "-group", "-uid", "-gid", "-perm", "-links", "-inum", "-printf", "-used", "-lname", "-ilname", "-fstype"])
+FIND_FILE = frozenset(["-newer", "-anewer", "-cnewer", "-samefile"])
 
 
 class Decision:
@@ -169,8 +163,10 @@ class Policy:
     """A campaign's allow-lists; build it with `Policy.for_campaign`."""
 
     def __init__(self, campaign: str, cwd: str, plugin_root: str, read_roots: list[str], write_roots: list[str],
-                 protected: list[str], extra_commands: frozenset[str], extra_tools: frozenset[str]) -> None:
+                 protected: list[str], extra_commands: frozenset[str], extra_tools: frozenset[str],
+                 unreadable: list[str] | None = None) -> None:
         self.campaign, self.cwd, self.plugin_root = campaign, cwd, plugin_root
+        self.unreadable = unreadable or []
         self.read_roots, self.write_roots, self.protected = read_roots, write_roots, protected
         self.extra_commands, self.extra_tools = extra_commands, extra_tools
 
@@ -202,7 +198,11 @@ class Policy:
         if project:
             protected.append(os.path.realpath(os.path.join(project, ".claude")))
             protected.append(os.path.realpath(os.path.join(project, ".mcp.json")))
+        protected.append(_ledger_keys_dir())
         protected = [os.path.realpath(p) for p in protected]
+        unreadable = [os.path.join(campaign, ".broker"), _ledger_keys_dir()]
+        if os.environ.get("CLAUDE_PLUGIN_DATA"):
+            unreadable.append(os.environ["CLAUDE_PLUGIN_DATA"])
         return cls(
             campaign=campaign,
             cwd=os.path.realpath(cwd or campaign),
@@ -212,6 +212,7 @@ class Policy:
             protected=protected,
             extra_commands=frozenset(extra.get("commands", [])),
             extra_tools=frozenset(extra.get("tools", [])),
+            unreadable=[os.path.realpath(p) for p in unreadable],
         )
 
     # ------------------------------------------------------------------ paths
@@ -230,6 +231,8 @@ class Policy:
         real = self.real(path)
         if real in ("/dev/null",):
             return True
+        if any(_inside(real, u) for u in self.unreadable):
+            return False
         return any(_inside(real, r) for r in self.read_roots)
 
     def write_problem(self, path: str) -> str | None:
@@ -251,36 +254,38 @@ class Policy:
     def read_problem(self, path: str, what: str = "reads") -> str | None:
         if self.readable(path):
             return None
+        real = self.real(path)
+        if any(_inside(real, u) for u in self.unreadable):
+            return f"{path} is closed to {what} (the broker's endpoint and token, the ledger keys, the plugin's data)"
         return f"{path} is outside the campaign's allow-list for {what} (the campaign, the plugin, policy.yaml read_paths)"
 
-    def _glob_problem(self, word: shell.Word) -> str | None:
-        text = word.text
-        parts = text.split("/")
-        if ".." in parts:
-            return f"the pattern {text!r} climbs out with '..'"
-        for part in parts:
-            if part.startswith(".") and any(c in part for c in "*?["):
-                return f"the pattern {text!r} has a component that could match '..'"
-        cut = min(i for i, c in enumerate(text) if c in "*?[")
-        base = os.path.dirname(text[:cut]) or "."
-        if not self.readable(base):
-            return f"the pattern {text!r} searches {base}, outside the campaign's allow-list for reads"
+    def _check_read(self, value: Any) -> str | None:
+        text = value if isinstance(value, str) else value.text
+        if text in ("", "-"):
+            return None
+        if text.startswith("~"):
+            return f"{text} starts with '~'; write the path out"
+        return self.read_problem(text)
 
-        import glob as globmod  # only patterns need it
+    def _expand(self, words: list[shell.Word]) -> list[shell.Word]:
+        """Replace every pattern with the words bash would give it (raises globbing.Unsupported)."""
+        if not any(w.glob for w in words):
+            return words
+        from hooks import globbing  # only patterns need it
 
-        matches = globmod.glob(text, root_dir=self.cwd) if not os.path.isabs(text) else globmod.glob(text)
-        for m in matches[:GLOB_MATCH_LIMIT]:
-            problem = self.read_problem(m)
-            if problem:
-                return f"the pattern {text!r} matches {m}: {problem}"
-        if len(matches) > GLOB_MATCH_LIMIT:
-            return f"the pattern {text!r} matches more than {GLOB_MATCH_LIMIT} paths"
-        return None
+        out: list[shell.Word] = []
+        for w in words:
+            if not w.glob:
+                out.append(w)
+                continue
+            matches = globbing.expand(w.pattern, self.cwd)
+            if len(matches) > GLOB_MATCH_LIMIT:
+                raise globbing.Unsupported(f"the pattern {w.text!r} matches more than {GLOB_MATCH_LIMIT} paths")
+            out.extend(shell.Word(m, quoted=True) for m in matches)
+        return out
 
     def _arg_problem(self, word: shell.Word, positional: bool) -> str | None:
-        """A read-path check on one argument (conservative: option values are checked too)."""
-        if word.glob:
-            return self._glob_problem(word)
+        """A conservative read-path check on one argument of a program without an option spec."""
         text = word.text
         if not text:
             return None
@@ -296,9 +301,7 @@ class Policy:
             stop = slash if slash >= 0 else len(text)
             candidates.extend(text[j:] for j in range(2, stop + 1) if text[j:])
         for c in candidates:
-            if c.startswith("~"):
-                return f"{c} starts with '~'; write the path out"
-            problem = self.read_problem(c)
+            problem = self._check_read(c)
             if problem:
                 return problem
         return None
@@ -309,9 +312,20 @@ class Policy:
             return deny("an empty or missing shell command", runtime.clip(command))
         subject = runtime.clip(command)
         try:
-            words, redirs = shell.lex(command)
+            stages = shell.pipeline(command)
         except shell.Refused as exc:
             return deny(f"shell command denied: {exc}", subject)
+        reasons = []
+        for words, redirs in stages:
+            d = self._decide_stage(words, redirs, subject)
+            if d.decision != "allow":
+                return d
+            reasons.append(d.reason)
+        if len(reasons) == 1:
+            return allow(reasons[0], subject)
+        return allow("a pipeline of allowed commands: " + " | ".join(reasons), subject)
+
+    def _decide_stage(self, words: list[shell.Word], redirs: list[shell.Redirect], subject: str) -> Decision:
         if not words:
             return deny("shell command denied: only redirections, no command", subject)
         head = words[0]
@@ -330,11 +344,14 @@ class Policy:
                 problem = self.read_problem(r.target.text)
                 if problem:
                     return deny(f"shell command denied: input redirection: {problem}", subject)
-        return self._decide_program(words, subject)
+        try:
+            args = self._expand(words[1:])
+        except Exception as exc:  # globbing.Unsupported, or a directory that cannot be listed
+            return deny(f"shell command denied: a pattern is not expanded here ({exc}); name the files", subject)
+        return self._decide_program(head, args, subject)
 
-    def _decide_program(self, words: list[shell.Word], subject: str) -> Decision:
-        name = words[0].text
-        args = words[1:]
+    def _decide_program(self, head: shell.Word, args: list[shell.Word], subject: str) -> Decision:
+        name = head.text
         base = os.path.basename(name)
         if not name:
             return deny("shell command denied: an empty command name", subject)
@@ -342,7 +359,7 @@ class Policy:
         if "/" in name:
             script = self.real(name)
             if self._is_skill_script(script):
-                return self._check_args(args, subject, "the skill's script " + os.path.basename(script))
+                return self._skill_script(script, args, subject)
             if _PYTHON.match(base) and self._interpreter_ok(script):
                 return self._python(args, subject)
             why = category(base)
@@ -352,35 +369,84 @@ class Policy:
         if _PYTHON.match(name):
             return self._python(args, subject)
         if name in ("bash", "sh") and args and self._is_skill_script(self.real(args[0].text)):
-            return self._check_args(args[1:], subject, "the skill's script " + os.path.basename(args[0].text))
+            return self._skill_script(self.real(args[0].text), args[1:], subject)
         if name == "attune":
             return self._attune(args, subject)
-        if name in READ_ONLY or name in self.extra_commands:
-            for a in args:
-                for bad in READ_ONLY.get(name, ()):
-                    short = len(bad) == 2 and bad[0] == "-"
-                    if a.text == bad or a.text.startswith(bad + "=") or (
-                        # a short option anywhere in a cluster (-nR), conservatively
-                        short and a.text.startswith("-") and not a.text.startswith("--") and bad[1] in a.text[1:]
-                        and name != "find"
-                    ):
-                        return deny(f"shell command denied: {name} {bad} writes, runs programs, follows links "
-                                    "out of the allow-list or changes state", subject)
-            if name == "uniq" and sum(1 for a in args if not a.text.startswith("-")) > 1:
-                return deny("shell command denied: uniq with a second file name writes to it", subject)
-            if name == "find":
-                for a in args:
-                    if a.text.startswith("-") and (a.text.startswith("-exec") or a.text.startswith("-ok")
-                                                   or a.text.startswith("-fprint") or a.text == "-delete"):
-                        return deny(f"shell command denied: find {a.text} runs programs or writes", subject)
-            if name in NO_PATH_ARGS:
-                return allow(f"read-only command {name}", subject)
-            return self._check_args(args, subject, f"read-only command {name}")
+        from hooks import programs
+
+        if name in programs.NAMES:
+            return self._listed(name, args, subject)
+        if name in self.extra_commands:
+            return self._check_args(args, subject, f"{name} (policy.yaml commands)")
         why = category(name)
         if why:
             return deny(f"shell command denied: {name} {why}", subject)
         return deny(f"shell command denied: {name} is not on the campaign's allow-list of read-only commands "
                     "(policy.yaml `commands` may add it)", subject)
+
+    def _listed(self, name: str, args: list[shell.Word], subject: str) -> Decision:
+        from hooks import programs
+
+        what = f"read-only command {name}"
+        if name == "echo":
+            return allow(what, subject)
+        if name == "printf":
+            if args and args[0].text.startswith("-v"):
+                return deny("shell command denied: printf -v assigns a shell variable", subject)
+            return allow(what, subject)
+        if name == "find":
+            return self._find(args, subject)
+        spec = programs.get(name)
+        assert spec is not None
+        try:
+            parts = programs.parse(spec, args)
+        except programs.Denied as exc:
+            return deny(f"shell command denied: {exc}", subject)
+        for kind, value in parts:
+            text = value if isinstance(value, str) else value.text  # type: ignore[union-attr]
+            if kind == "file":
+                problem = self._check_read(text)
+                if problem:
+                    return deny(f"shell command denied: {problem}", subject)
+            elif kind == "pattern" and name == "jq":
+                problem = _jq_problem(text)
+                if problem:
+                    return deny(f"shell command denied: {problem}", subject)
+        return allow(what, subject)
+
+    def _find(self, args: list[shell.Word], subject: str) -> Decision:
+        i, n = 0, len(args)
+        while i < n and args[i].text in ("-H", "-P"):
+            i += 1
+        starts = []
+        while i < n and not (args[i].text.startswith("-") and len(args[i].text) > 1) and args[i].text not in "(!),":
+            starts.append(args[i].text)
+            i += 1
+        for p in starts or ["."]:
+            problem = self._check_read(p)
+            if problem:
+                return deny(f"shell command denied: {problem}", subject)
+        while i < n:
+            t = args[i].text
+            i += 1
+            if t in FIND_ZERO:
+                continue
+            if t in FIND_DATA:
+                i += 1
+            elif t in FIND_FILE or (t.startswith("-newer") and len(t) == 8 and t[6] in "aBcm" and t[7] in "aBcmt"):
+                if i >= n:
+                    return deny(f"shell command denied: find {t} needs a file", subject)
+                if not t.endswith("t") or t in FIND_FILE:
+                    problem = self._check_read(args[i].text)
+                    if problem:
+                        return deny(f"shell command denied: {problem}", subject)
+                i += 1
+            else:
+                return deny(f"shell command denied: find {t} is not an expression a campaign session may use "
+                            "(-exec, -ok, -delete, -fprint, -fls, -L, -follow and -files0-from never are)", subject)
+            if i > n:
+                return deny(f"shell command denied: find {t} needs a value", subject)
+        return allow("read-only command find", subject)
 
     def _is_skill_script(self, real: str) -> bool:
         return _inside(real, self.scripts_dir) and real != self.scripts_dir and os.path.isfile(real)
@@ -393,28 +459,46 @@ class Policy:
 
     def _python(self, args: list[shell.Word], subject: str) -> Decision:
         i = 0
-        while i < len(args) and args[i].text.startswith("-"):
+        while i < len(args) and args[i].text.startswith("-") and args[i].text != "-":
             flag = args[i].text
-            if flag not in _PY_SAFE_FLAGS:
-                return deny(f"shell command denied: python {flag} runs code that is not one of the skill's scripts",
-                            subject)
-            i += 2 if flag in ("-X", "-W") else 1
+            i += 1
+            if flag == "-OO":
+                continue
+            for k, c in enumerate(flag[1:], 1):
+                if c == "W":
+                    if k == len(flag) - 1:
+                        i += 1
+                    break
+                if c not in _PY_FLAGS:
+                    return deny(f"shell command denied: python -{c} runs code that is not one of the skill's scripts "
+                                f"or writes files (allowed: -{' -'.join(_PY_FLAGS)} -W)", subject)
         if i >= len(args):
             return deny("shell command denied: an interactive python; only the skill's scripts run", subject)
         script = self.real(args[i].text)
         if not self._is_skill_script(script):
             return deny(f"shell command denied: python runs only the skill's scripts ({self.scripts_dir}), "
                         f"not {args[i].text}", subject)
-        return self._check_args(args[i + 1 :], subject, "the skill's script " + os.path.basename(script))
+        return self._skill_script(script, args[i + 1 :], subject)
+
+    def _skill_script(self, script: str, args: list[shell.Word], subject: str) -> Decision:
+        name = os.path.basename(script)
+        problem = _abbrev_problem(args, SKILL_SCRIPT_DENY.get(name, ()))
+        if problem:
+            return deny(f"shell command denied: {name} {problem} writes outside the notes", subject)
+        return self._check_args(args, subject, "the skill's script " + name)
 
     def _attune(self, args: list[shell.Word], subject: str) -> Decision:
         texts = tuple(a.text for a in args)
-        for prefix in ATTUNE_READ_ONLY:
+        for prefix, denied in ATTUNE_READ_ONLY:
             if texts[: len(prefix)] == prefix:
-                return self._check_args(args[len(prefix) :], subject, "attune " + " ".join(prefix))
+                rest = args[len(prefix) :]
+                problem = _abbrev_problem(rest, denied)
+                if problem:
+                    return deny(f"shell command denied: attune {' '.join(prefix)} {problem} writes files", subject)
+                return self._check_args(rest, subject, "attune " + " ".join(prefix))
         shown = " ".join(texts[:2])
         return deny(f"shell command denied: attune {shown} is not a read-only subcommand "
-                    "(allowed: status, ledger show, ledger verify, validate, schema)", subject)
+                    "(allowed: status, ledger show, ledger verify, validate, schema, metrics)", subject)
 
     def _check_args(self, args: list[shell.Word], subject: str, what: str) -> Decision:
         positional_only = False
@@ -451,16 +535,16 @@ class Policy:
         if tool in WEB_TOOLS:
             return deny(f"{tool} denied: web tools are off in a campaign session")
         if tool.startswith("mcp__"):
-            for server in ATTUNE_SERVERS:
-                if tool.startswith(f"{MCP_PREFIX}{server}__"):
-                    return allow(f"attune's {server} server", tool)
+            server, sep, name = tool[len(MCP_PREFIX):].partition("__") if tool.startswith(MCP_PREFIX) else ("", "", "")
+            if sep and server in ATTUNE_SERVERS and name and name.replace("_", "").replace("-", "").isalnum():
+                return allow(f"attune's {server} server", tool)
             if tool in self.extra_tools:
                 return allow("listed in policy.yaml tools", tool)
             return deny(f"{tool} denied: only attune's own MCP servers ({', '.join(ATTUNE_SERVERS)}) "
                         "are used in a campaign session", tool)
         if tool == "ReadMcpResourceTool":
             server = str(tool_input.get("server", ""))
-            if "attune" in server:
+            if server in {f"plugin:attune:{s}" for s in ATTUNE_SERVERS}:
                 return allow("a resource of attune's servers", server)
             return deny(f"ReadMcpResourceTool denied: server {server!r} is not one of attune's", server)
         if tool in SAFE_TOOLS or tool in self.extra_tools:
@@ -486,6 +570,41 @@ class Policy:
                 if problem:
                     return deny(f"{tool} denied: {problem}", pat)
         return allow(f"{tool} inside the allow-list", path)
+
+
+def _ledger_keys_dir() -> str:
+    """Where the broker keeps the ledger's HMAC keys (never readable or writable by the agent)."""
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.realpath(os.path.join(state, "attune", "ledger-keys"))
+
+
+def _abbrev_problem(args: list[shell.Word], denied: tuple[str, ...]) -> str | None:
+    """The first argument that is a denied long option or an abbreviation of one (argparse, GNU)."""
+    for a in args:
+        t = a.text
+        if t == "--":
+            return None
+        if t.startswith("--") and len(t) > 2:
+            name = t.split("=", 1)[0]
+            for d in denied:
+                if d.startswith(name):
+                    return t
+    return None
+
+
+def _jq_problem(program: str) -> str | None:
+    """jq programs may not read the environment, name their input files or load modules."""
+    word = []
+    for ch in program + " ":
+        if ch.isalnum() or ch in "_$":
+            word.append(ch)
+            continue
+        if word:
+            w = "".join(word)
+            if w in JQ_DENY or w.lstrip("$") in JQ_DENY:
+                return f"jq {w} reads the environment, names input files or loads modules"
+            word = []
+    return None
 
 
 def _spec_lists_path(campaign: str) -> str | None:

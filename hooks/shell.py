@@ -1,28 +1,33 @@
 """A strict reader for one shell command line, for the PreToolUse policy.
 
 The policy never asks a shell what a command means: it reads the line itself and refuses
-everything whose meaning depends on an expansion. `lex(line)` returns the words of one
-simple command (quotes removed) and its redirections, or raises `Refused` with the reason.
+everything whose meaning depends on an expansion. `pipeline(line)` returns the stages of a
+pipeline (`a | b | c`), each the words of one simple command (quotes removed) and its
+redirections; `lex(line)` reads one simple command. Both raise `Refused` with the reason.
 
 Refused outright, wherever they appear unquoted:
-- chaining and control: newlines, `;`, `&` (background), `|`, `&&`, `||`, `(`, `)`, `!`, `#` comments;
+- chaining and control: newlines, `;`, `&` (background), `||`, `|&`, `(`, `)`, `!`, `#` comments
+  (a plain `|` between two commands is a pipeline stage boundary);
 - substitutions and expansions: `$` (variables, `$(...)`, `$'...'`, arithmetic), backquotes,
-  process substitution `<(...)`, brace expansion `{a,b}`, a leading `~`;
+  process substitution `<(...)`, brace expansion `{a,b}`, an unquoted `~` anywhere (bash expands
+  it at a word's start and after `=` or `:` in assignment-like words);
 - here-documents and here-strings (`<<`, `<<<`), `<>`;
 - control characters of any kind.
 Inside double quotes `$` and backquotes are refused too; single quotes are literal.
 
-Glob characters (`*`, `?`, `[`) are kept, and the word is marked `glob`: the policy checks the
-literal directory a pattern starts from, since a pattern can only match below it.
+Glob characters (`*`, `?`, `[`) are kept, and the word is marked `glob`; `Word.pattern` holds the
+pattern with its quoted characters escaped, and `expand(word, cwd)` lists what bash (5.x: extglob,
+dotglob, nocaseglob, globstar off; globasciiranges on) would put in its place (see hooks/globbing.py).
 
 Standard library only, and quick to import: this runs on every tool call.
 """
 
 from __future__ import annotations
 
-__all__ = ["Redirect", "Refused", "Word", "lex"]
+__all__ = ["Redirect", "Refused", "Word", "lex", "pipeline"]
 
 _GLOB = frozenset("*?[")
+_PAT_SPECIAL = frozenset("*?[]\\")
 _WS = frozenset(" \t")
 
 
@@ -31,12 +36,14 @@ class Refused(Exception):
 
 
 class Word:
-    """One word after quote removal; `glob`: has unquoted *, ? or [; `quoted`: some part was quoted."""
+    """One word after quote removal; `glob`: has unquoted *, ? or [; `quoted`: some part was quoted;
+    `pattern`: the word as a glob pattern (quoted characters escaped with a backslash)."""
 
-    __slots__ = ("text", "glob", "quoted")
+    __slots__ = ("text", "glob", "quoted", "pattern")
 
-    def __init__(self, text: str, glob: bool = False, quoted: bool = False) -> None:
+    def __init__(self, text: str, glob: bool = False, quoted: bool = False, pattern: str | None = None) -> None:
         self.text, self.glob, self.quoted = text, glob, quoted
+        self.pattern = text if pattern is None else pattern
 
     def __repr__(self) -> str:
         return f"Word({self.text!r}, glob={self.glob}, quoted={self.quoted})"
@@ -81,6 +88,14 @@ def _describe(ch: str) -> str:
 
 def lex(line: str) -> tuple[list[Word], list[Redirect]]:
     """Split one simple command into words and redirections, or raise Refused."""
+    stages = pipeline(line)
+    if len(stages) != 1:
+        raise Refused("the command is a pipeline; one simple command was expected")
+    return stages[0]
+
+
+def pipeline(line: str) -> list[tuple[list[Word], list[Redirect]]]:
+    """Split a pipeline into its stages (words and redirections of each), or raise Refused."""
     for ch in line:
         o = ord(ch)
         if ch == "\n" or ch == "\r":
@@ -89,6 +104,7 @@ def lex(line: str) -> tuple[list[Word], list[Redirect]]:
             raise Refused(f"the command contains the control character U+{o:04X}")
     words: list[Word] = []
     redirs: list[Redirect] = []
+    stages = [(words, redirs)]
     i, n = 0, len(line)
     while True:
         while i < n and line[i] in _WS:
@@ -96,14 +112,21 @@ def lex(line: str) -> tuple[list[Word], list[Redirect]]:
         if i >= n:
             break
         ch = line[i]
+        if ch == "|":
+            if line[i + 1 : i + 2] in ("|", "&"):
+                raise Refused(f"the command contains '{line[i:i + 2]}' (chaining or piping stderr)")
+            if not words:
+                raise Refused("a pipe '|' with no command before it")
+            words, redirs = [], []
+            stages.append((words, redirs))
+            i += 1
+            continue
         # A redirection operator that starts a token (with an optional &).
         if ch in "<>" or (ch == "&" and i + 1 < n and line[i + 1] == ">"):
             i = _redirect(line, i, None, redirs)
             continue
         if ch == "#":
             raise Refused(f"the command contains {_describe(ch)}")
-        if ch == "~":
-            raise Refused("the command starts a word with '~' (home directory expansion); write the path out")
         word, i, stop = _word(line, i)
         if stop is not None:  # the word ended at a redirection operator glued to it (2>x, a>x)
             fd = int(word.text) if word.text.isdigit() and not word.quoted else None
@@ -112,50 +135,63 @@ def lex(line: str) -> tuple[list[Word], list[Redirect]]:
             i = _redirect(line, i, fd, redirs)
             continue
         words.append(word)
-    return words, redirs
+    if not words and len(stages) > 1:
+        raise Refused("a pipe '|' with no command after it")
+    return stages
 
 
 def _word(line: str, i: int) -> tuple[Word, int, str | None]:
     """Read one word from `i`; returns it, the next index, and '<'/'>' if a redirection follows."""
     n = len(line)
     buf: list[str] = []
+    pat: list[str] = []  # the same characters, quoted ones escaped for the glob matcher
     glob = quoted = False
+
+    def lit(text: str) -> None:
+        buf.append(text)
+        pat.append("".join("\\" + c if c in _PAT_SPECIAL else c for c in text))
+
     while i < n:
         ch = line[i]
-        if ch in _WS:
+        if ch in _WS or ch == "|":
             break
         if ch == "'":
             end = line.find("'", i + 1)
             if end < 0:
                 raise Refused("the command has an unterminated single quote")
-            buf.append(line[i + 1 : end])
+            lit(line[i + 1 : end])
             quoted = True
             i = end + 1
             continue
         if ch == '"':
-            i = _double(line, i + 1, buf)
+            part: list[str] = []
+            i = _double(line, i + 1, part)
+            lit("".join(part))
             quoted = True
             continue
         if ch == "\\":
             if i + 1 >= n:
                 raise Refused("the command ends with a backslash (line continuation)")
-            buf.append(line[i + 1])
+            lit(line[i + 1])
             quoted = True
             i += 2
             continue
         if ch in "<>":
-            return Word("".join(buf), glob, quoted), i, ch
+            return Word("".join(buf), glob, quoted, "".join(pat)), i, ch
         if ch == "&" and i + 1 < n and line[i + 1] == ">":
-            return Word("".join(buf), glob, quoted), i, ch
-        if ch in ";|&()`${}!":
+            return Word("".join(buf), glob, quoted, "".join(pat)), i, ch
+        if ch in ";&()`${}!":
             raise Refused(f"the command contains {_describe(ch)}")
         if ch == "#" and not buf:
             raise Refused(f"the command contains {_describe(ch)}")
+        if ch == "~":
+            raise Refused("the command has an unquoted '~' (home directory expansion); write the path out")
         if ch in _GLOB:
             glob = True
         buf.append(ch)
+        pat.append(ch)
         i += 1
-    return Word("".join(buf), glob, quoted), i, None
+    return Word("".join(buf), glob, quoted, "".join(pat)), i, None
 
 
 def _double(line: str, i: int, buf: list[str]) -> int:
