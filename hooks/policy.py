@@ -50,6 +50,9 @@ PROTECTED_IN_CAMPAIGN = (
     ".control.lock",
     "session.json",  # the launcher's record of the session it resumes
     ".claude",
+    ".mcp.json",  # a project MCP server would run programs in the next session
+    "CLAUDE.md",  # project instructions for the next session
+    "CLAUDE.local.md",
 )
 
 # Tools that read no files and write none, or only within the session's own bookkeeping.
