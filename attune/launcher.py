@@ -110,7 +110,14 @@ class ClaudeLauncher:
         cmd += ["--output-format", "stream-json", "--verbose", "--allowedTools", allowed]
         if self.plugin_dir is not None:
             cmd += ["--plugin-dir", str(self.plugin_dir)]
-        return cmd + self.extra_args
+        return cmd + self.sandbox_args() + self.extra_args
+
+    def sandbox_args(self) -> list[str]:
+        """Claude Code's OS sandbox for this campaign (attune/sandbox.py): writes only to notes/, no
+        reads of the broker's token, the ledger keys, the plugin's data or other campaigns, no network."""
+        from attune import sandbox
+
+        return ["--settings", sandbox.settings_json(self.dir, self.plugin_dir)]
 
     def run_once(self, record: SessionRecord) -> int:
         argv = self.argv(record.session_id)
@@ -144,6 +151,13 @@ class ClaudeLauncher:
         return rc
 
     def run(self) -> int:
+        from attune import sandbox
+
+        why = sandbox.unavailable()
+        if why:
+            self._say(f"refusing to start: Claude Code's OS sandbox is unavailable here ({why}); a campaign "
+                      "session runs only inside it")
+            return 3
         record = SessionRecord.load(self.dir)
         for attempt in range(self.max_attempts):
             state, _ = load(self.dir)

@@ -138,7 +138,8 @@ class Session:
 
 
 def run_session(campaign: Path, steps: list[Step] | Callable[[ScriptedModel], Iterator[list[Block]]], tmp: Path, *, prompt: str = "Tune this campaign.",
-                max_turns: int = 30, timeout: float = 240, extra_env: dict[str, str] | None = None) -> Session:
+                max_turns: int = 30, timeout: float = 240, extra_env: dict[str, str] | None = None,
+                extra_args: list[str] | None = None) -> Session:
     import time
 
     claude, why = claude_binary()
@@ -152,7 +153,7 @@ def run_session(campaign: Path, steps: list[Step] | Callable[[ScriptedModel], It
                     MCP_CONNECTION_NONBLOCKING="false", MCP_TIMEOUT="90000", MCP_CONNECT_TIMEOUT_MS="90000",
                     **(extra_env or {}))
     cmd = [claude, "-p", prompt, "--plugin-dir", str(ROOT), "--output-format", "stream-json", "--verbose",
-           "--max-turns", str(max_turns)]
+           "--max-turns", str(max_turns), *(extra_args or [])]
     t0 = time.monotonic()
     try:
         p = subprocess.run(cmd, cwd=campaign, env=env, capture_output=True, text=True, timeout=timeout)

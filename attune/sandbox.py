@@ -1,0 +1,162 @@
+"""Claude Code's OS sandbox, configured for a campaign session: the layer under the PreToolUse policy.
+
+The policy (hooks/policy.py) is the first, explainable layer: it reads each shell command and denies
+what it cannot show to be read-only. Under it, Claude Code runs every Bash command in its own OS
+sandbox (bubblewrap with a socat network proxy on Linux, Seatbelt on macOS). `settings(campaign)`
+returns the Claude Code settings (`--settings` JSON) that confine a campaign session:
+
+- writes: only `notes/` (and policy.yaml `write_paths`); every protected name of the campaign
+  directory is write-denied whether or not it exists yet, and so is every other entry that exists
+  at the top of the campaign when the session starts (Claude Code always lets a sandboxed command
+  write its working directory, so the campaign's own top level is closed by naming what is there);
+  the plugin, its data, the ledger keys and Claude Code's settings are write-denied too;
+- reads: no `.broker/` (the broker's endpoint and token), no ledger keys
+  (`${XDG_STATE_HOME:-~/.local/state}/attune/`), no plugin data (`${CLAUDE_PLUGIN_DATA}`), and no
+  other campaign: the directory holding the campaign is read-denied with the campaign re-allowed
+  (or, where that directory also holds the home directory, Python or the plugin, each sibling
+  directory holding a campaign.yaml is read-denied);
+- network: no domain allowed, no local binding, no Unix sockets;
+- `failIfUnavailable`: Claude Code refuses to start without a working sandbox;
+  `allowUnsandboxedCommands: false`: a command cannot ask to run outside it.
+
+`unavailable()` says why the sandbox cannot run here (None when it can): the headless launcher
+checks it first and refuses to start a campaign session without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["PROTECTED_IN_CAMPAIGN", "settings", "settings_json", "unavailable"]
+
+NOTES_DIR = "notes"
+CAMPAIGN_FILE = "campaign.yaml"
+# The same names as hooks/policy.py's PROTECTED_IN_CAMPAIGN (a test keeps them equal): the hooks are
+# not an importable package where attune is installed.
+PROTECTED_IN_CAMPAIGN = (
+    "campaign.yaml", "policy.yaml", "ledger.jsonl", "ledger.torn", "hooks.log.jsonl", "audit.jsonl", "runs",
+    "shipped", ".broker", ".control.lock", "session.json", ".claude", ".mcp.json", "CLAUDE.md", "CLAUDE.local.md",
+)
+
+
+def _policy_file(campaign: Path, root: Path) -> dict[str, list[str]]:
+    """policy.yaml's extensions, read by the hooks' own reader (hooks/runtime.py of the plugin)."""
+    if not (campaign / "policy.yaml").is_file():
+        return {}
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_attune_hooks_runtime", root / "hooks" / "runtime.py")
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"cannot read policy.yaml: {root / 'hooks' / 'runtime.py'} is missing")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.load_policy(str(campaign))  # type: ignore[no-any-return]
+
+
+def _state_dir() -> Path:
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "attune"
+
+
+def _holds(d: Path, p: Path) -> bool:
+    return p == d or d in p.parents
+
+
+def _other_campaigns(campaign: Path, plugin_root: Path) -> tuple[list[str], list[str]]:
+    """(read-denied paths, re-allowed paths) that keep the session out of other campaigns."""
+    parent = campaign.parent
+    import tempfile
+
+    keep = [Path.home().resolve(), plugin_root, Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(),
+            Path(tempfile.gettempdir()).resolve()]
+    py = shutil.which("python3")
+    if py:
+        keep.append(Path(py).resolve())
+    if parent != Path("/") and not any(_holds(parent, k) for k in keep):
+        return [str(parent)], [str(campaign)]
+    siblings = []
+    try:
+        for entry in os.scandir(parent):
+            p = Path(entry.path)
+            if p != campaign and entry.is_dir(follow_symlinks=False) and (p / CAMPAIGN_FILE).is_file():
+                siblings.append(str(p))
+    except OSError:
+        pass
+    return sorted(siblings), []
+
+
+def settings(campaign_dir: Path | str, plugin_root: Path | str | None = None) -> dict[str, Any]:
+    """The Claude Code settings that put a campaign session in the OS sandbox (see the module docstring)."""
+    campaign = Path(campaign_dir).resolve()
+    root = Path(plugin_root or Path(__file__).resolve().parents[1]).resolve()
+    extra = _policy_file(campaign, root)
+    notes = campaign / NOTES_DIR
+    allow_write = [str(notes)] + [str((campaign / p).resolve()) for p in extra.get("write_paths", [])]
+    deny_write = {str(campaign / name) for name in PROTECTED_IN_CAMPAIGN}
+    try:
+        for entry in os.scandir(campaign):
+            if entry.name != NOTES_DIR:
+                deny_write.add(str(campaign / entry.name))
+    except OSError:
+        pass
+    state = _state_dir()
+    deny_read = [str(campaign / ".broker"), str(state)]
+    deny_write.update({str(root), str(state)})
+    data = os.environ.get("CLAUDE_PLUGIN_DATA")
+    if data:
+        deny_read.append(str(Path(data).resolve()))
+        deny_write.add(str(Path(data).resolve()))
+    home = Path.home()
+    deny_write.update({str(home / ".claude"), str(home / ".claude.json")})
+    others, allow_read = _other_campaigns(campaign, root)
+    deny_read += others
+    if allow_read:
+        allow_read += [str(root)] + [str((campaign / p).resolve()) for p in extra.get("read_paths", [])]
+    # a path both allowed and denied for writing would be closed: keep the allowed ones open
+    deny_write -= set(allow_write)
+    return {
+        "sandbox": {
+            "enabled": True,
+            "failIfUnavailable": True,
+            "allowUnsandboxedCommands": False,
+            "autoAllowBashIfSandboxed": False,
+            "excludedCommands": [],
+            "filesystem": {
+                "allowWrite": allow_write,
+                "denyWrite": sorted(deny_write),
+                "denyRead": deny_read,
+                "allowRead": allow_read,
+            },
+            "network": {"allowedDomains": [], "allowLocalBinding": False, "allowAllUnixSockets": False},
+        },
+    }
+
+
+def settings_json(campaign_dir: Path | str, plugin_root: Path | str | None = None) -> str:
+    return json.dumps(settings(campaign_dir, plugin_root), separators=(",", ":"))
+
+
+def unavailable() -> str | None:
+    """Why Claude Code's sandbox cannot run on this machine, or None when it can."""
+    if sys.platform == "darwin":
+        return None if shutil.which("sandbox-exec") else "sandbox-exec (Seatbelt) is missing"
+    if not sys.platform.startswith("linux"):
+        return f"Claude Code has no command sandbox on {sys.platform}"
+    missing = [p for p in ("bwrap", "socat") if not shutil.which(p)]
+    if missing:
+        return (f"{' and '.join(missing)} not found on PATH (install them: apt-get install -y bubblewrap socat, "
+                "or dnf install bubblewrap socat)")
+    try:
+        p = subprocess.run(["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-net", "true"],
+                           capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap does not run: {exc}"
+    if p.returncode != 0:
+        return f"bwrap cannot create a sandbox here (user namespaces off?): {p.stderr.strip()[:200]}"
+    return None
