@@ -23,7 +23,6 @@ Standard library only.
 from __future__ import annotations
 
 import os
-import re
 
 from hooks import runtime, shell
 
@@ -119,8 +118,20 @@ _CATEGORIES: list[tuple[str, frozenset[str]]] = [
     })),
 ]
 
-_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-_PYTHON = re.compile(r"^python(3(\.\d+)?)?$")
+
+
+def _is_assignment(word: str) -> bool:
+    """NAME=value (a variable assignment before the command)."""
+    name, eq, _ = word.partition("=")
+    return bool(eq) and bool(name) and not name[0].isdigit() and name.replace("_", "a").isascii() and \
+        name.replace("_", "a").isalnum()
+
+
+def _is_python(name: str) -> bool:
+    """python, python3 or python3.N."""
+    if name in ("python", "python3"):
+        return True
+    return name.startswith("python3.") and name[8:].isdigit() and name[8:].isascii()
 _PY_FLAGS = "uBIEsSOqb"  # python options a skill script may run under (-W takes a value; -X is refused)
 GLOB_MATCH_LIMIT = 2000
 FIND_ZERO = frozenset(["-print", "-print0", "-ls", "-true", "-false", "-prune", "-quit", "-empty", "-readable", "-writable", "-executable", "-nouser", "-nogroup", "-depth", "-mount", "-xdev", "-noleaf", "-daystart", "-not", "-a", "-and", "-o", "-or", "!", "(", ")", ",", "-ignore_readdir_race", "-noignore_readdir_race", "-d"])
@@ -157,7 +168,7 @@ def category(name: str) -> str | None:
     for why, names in _CATEGORIES:
         if base in names:
             return why
-    if _PYTHON.match(base) or base.startswith("python"):
+    if _is_python(base) or base.startswith("python"):
         return "runs other programs or code: only the skill's scripts run under python"
     return None
 
@@ -332,7 +343,7 @@ class Policy:
         if not words:
             return deny("shell command denied: only redirections, no command", subject)
         head = words[0]
-        if not head.quoted and _ASSIGNMENT.match(head.text):
+        if not head.quoted and _is_assignment(head.text):
             return deny("shell command denied: it sets environment variables before the command", subject)
         if head.glob:
             return deny(f"shell command denied: the command name {head.text!r} is a pattern", subject)
@@ -363,13 +374,13 @@ class Policy:
             script = self.real(name)
             if self._is_skill_script(script):
                 return self._skill_script(script, args, subject)
-            if _PYTHON.match(base) and self._interpreter_ok(script):
+            if _is_python(base) and self._interpreter_ok(script):
                 return self._python(args, subject)
             why = category(base)
             detail = f" ({base} {why})" if why else ""
             return deny(f"shell command denied: {name} runs a program by path{detail}; "
                         f"only the skill's scripts in {self.scripts_dir} run that way", subject)
-        if _PYTHON.match(name):
+        if _is_python(name):
             return self._python(args, subject)
         if name in ("bash", "sh") and args and self._is_skill_script(self.real(args[0].text)):
             return self._skill_script(self.real(args[0].text), args[1:], subject)
@@ -456,7 +467,7 @@ class Policy:
 
     def _interpreter_ok(self, real: str) -> bool:
         base = os.path.basename(real)
-        if not (_PYTHON.match(base) or base.startswith("python")):
+        if not (_is_python(base) or base.startswith("python")):
             return False
         return not any(_inside(real, r) for r in self.write_roots) and os.access(real, os.X_OK)
 

@@ -99,7 +99,7 @@ def main():
                 runtime.log_decision(campaign, {"event": EVENT, "decision": "deny", "error": repr(exc)})
             except BaseException:
                 pass
-    import json
+    from hooks import hookjson as json
 
     sys.stdout.write(json.dumps(out) + "\n")
     return 0

@@ -69,7 +69,7 @@ def read_event(raw: str) -> tuple[dict[str, Any], str] | None:
     """
     if outside_by_env():
         return None
-    import json
+    from hooks import hookjson as json
 
     payload = json.loads(raw or "{}")
     if not isinstance(payload, dict):
@@ -101,7 +101,7 @@ def find_campaign(payload: dict[str, Any]) -> str | None:
 
 
 def _scalar(text: str, where: str) -> str:
-    import json
+    from hooks import hookjson as json
 
     text = text.strip()
     if not text:
@@ -161,7 +161,7 @@ def _flow_list(text: str, where: str) -> list[str]:
 
 def parse_policy(text: str, name: str = POLICY_FILE) -> dict[str, list[str]]:
     """Parse policy.yaml's subset (or a JSON object); raises PolicyFileError naming the line."""
-    import json
+    from hooks import hookjson as json
 
     out: dict[str, list[str]] = {}
     if text.lstrip().startswith("{"):
@@ -237,7 +237,7 @@ def load_policy(campaign: str) -> dict[str, list[str]]:
 
 def log_decision(campaign: str, record: dict[str, Any]) -> None:
     """Append one decision to the campaign's hook log (a single O_APPEND write: no interleaving)."""
-    import json
+    from hooks import hookjson as json
 
     t = time.time()
     rec = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z", **record}
@@ -250,7 +250,7 @@ def log_decision(campaign: str, record: dict[str, Any]) -> None:
 
 
 def clip(text: Any, limit: int = 500) -> str:
-    import json
+    from hooks import hookjson as json
 
     s = text if isinstance(text, str) else json.dumps(text, default=str)
     return s if len(s) <= limit else s[:limit] + "..."
