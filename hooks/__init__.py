@@ -1,0 +1,1 @@
+"""attune's Claude Code hooks (standard library only; see docs/plugin.md)."""
