@@ -9,7 +9,8 @@ returns the Claude Code settings (`--settings` JSON) that confine a campaign ses
   directory is write-denied whether or not it exists yet, and so is every other entry that exists
   at the top of the campaign when the session starts (Claude Code always lets a sandboxed command
   write its working directory, so the campaign's own top level is closed by naming what is there);
-  the plugin, its data, the ledger keys and Claude Code's settings are write-denied too;
+  the plugin (all of it but the skill's lessons file, which `add_lesson.py` appends to), its data,
+  the ledger keys and Claude Code's settings are write-denied too;
 - reads: no `.broker/` (the broker's endpoint and token), no ledger keys
   (`${XDG_STATE_HOME:-~/.local/state}/attune/`), no plugin data (`${CLAUDE_PLUGIN_DATA}`), and no
   other campaign: the directory holding the campaign is read-denied with the campaign re-allowed
@@ -91,6 +92,43 @@ def _other_campaigns(campaign: Path, plugin_root: Path) -> tuple[list[str], list
     return sorted(siblings), []
 
 
+LESSONS_DIR = Path("skills") / "attune" / "catalog"  # where add_lesson.py appends (a temp file, then a rename)
+LESSONS_FILE = "lessons.yaml"
+
+
+def _deny_around(base: Path, keep: list[Path]) -> set[str]:
+    """Every entry under `base` except the kept paths, naming directories that hold a kept path by
+    their other entries instead (the sandbox's denyWrite wins over allowWrite, so a denied directory
+    would close what it holds)."""
+    out: set[str] = set()
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return {str(base)}
+    for e in entries:
+        p = base / e.name
+        if p in keep:
+            continue
+        if e.is_dir(follow_symlinks=False) and any(p in k.parents for k in keep):
+            out |= _deny_around(p, keep)
+        else:
+            out.add(str(p))
+    return out
+
+
+def _plugin_writes(root: Path, campaign: Path) -> tuple[list[str], set[str]]:
+    """(allowed, denied) writes in the plugin: only the skill's lessons file (and temporary files next
+    to it) stays writable, for add_lesson.py, and a campaign kept inside the plugin's tree."""
+    keep = [campaign] if root in campaign.parents else []
+    lessons_env = os.environ.get("ATTUNE_LESSONS_FILE")
+    if lessons_env:
+        return [str(Path(lessons_env).resolve().parent)], _deny_around(root, keep) if keep else {str(root)}
+    target = root / LESSONS_DIR
+    if not target.is_dir():
+        return [], _deny_around(root, keep) if keep else {str(root)}
+    return [str(target)], _deny_around(root, [*keep, target / LESSONS_FILE])
+
+
 def settings(campaign_dir: Path | str, plugin_root: Path | str | None = None) -> dict[str, Any]:
     """The Claude Code settings that put a campaign session in the OS sandbox (see the module docstring)."""
     campaign = Path(campaign_dir).resolve()
@@ -107,7 +145,10 @@ def settings(campaign_dir: Path | str, plugin_root: Path | str | None = None) ->
         pass
     state = _state_dir()
     deny_read = [str(campaign / ".broker"), str(state)]
-    deny_write.update({str(root), str(state)})
+    plugin_allow, plugin_deny = _plugin_writes(root, campaign)
+    allow_write += plugin_allow
+    deny_write |= plugin_deny
+    deny_write.add(str(state))
     data = os.environ.get("CLAUDE_PLUGIN_DATA")
     if data:
         deny_read.append(str(Path(data).resolve()))

@@ -40,13 +40,13 @@ def test_settings_confine_writes_reads_and_network(camp: Path, tmp_path: Path) -
     s = sandbox.settings(camp, ROOT)["sandbox"]
     assert s["enabled"] and s["failIfUnavailable"] and s["allowUnsandboxedCommands"] is False
     fs = s["filesystem"]
-    assert fs["allowWrite"] == [str(camp / "notes")]
+    assert fs["allowWrite"] == [str(camp / "notes"), str(ROOT / "skills" / "attune" / "catalog")]
     deny_w = set(fs["denyWrite"])
     # every protected name, present or not, and whatever else is at the campaign's top level
     for name in ("policy.yaml", "ledger.jsonl", "campaign.yaml", "runs", ".broker", "session.json", "scratch-by-job"):
         assert str(camp / name) in deny_w, name
     assert str(camp / "notes") not in deny_w
-    assert {str(ROOT), str(tmp_path / "data"), str(tmp_path / "state" / "attune")} <= deny_w
+    assert {str(ROOT / "hooks"), str(tmp_path / "data"), str(tmp_path / "state" / "attune")} <= deny_w
     deny_r = fs["denyRead"]
     assert str(camp / ".broker") in deny_r and str(tmp_path / "state" / "attune") in deny_r
     assert str(tmp_path / "data") in deny_r
@@ -81,4 +81,29 @@ def test_launcher_refuses_to_start_without_a_sandbox(camp: Path, monkeypatch: py
 def test_launcher_passes_the_sandbox_settings(camp: Path) -> None:
     argv = ClaudeLauncher(camp, claude="claude", plugin_dir=ROOT).argv(None)
     settings = json.loads(argv[argv.index("--settings") + 1])
-    assert settings["sandbox"]["filesystem"]["allowWrite"] == [str(camp / "notes")]
+    assert settings["sandbox"]["filesystem"]["allowWrite"][0] == str(camp / "notes")
+
+
+def test_only_the_lessons_file_stays_writable_in_the_plugin(camp: Path) -> None:
+    fs = sandbox.settings(camp, ROOT)["sandbox"]["filesystem"]
+    catalog = ROOT / "skills" / "attune" / "catalog"
+    assert str(catalog) in fs["allowWrite"]  # add_lesson.py writes a temporary file there, then renames
+    deny = set(fs["denyWrite"])
+    for p in (catalog / "levers.yaml", catalog / "models.yaml", ROOT / "hooks", ROOT / "gate",
+              ROOT / "skills" / "attune" / "SKILL.md", ROOT / "skills" / "attune" / "scripts", ROOT / "attune"):
+        assert str(p) in deny, p
+    assert str(catalog / "lessons.yaml") not in deny and str(ROOT) not in deny
+
+
+def test_a_campaign_inside_the_plugin_keeps_its_notes_writable(tmp_path: Path) -> None:
+    root = tmp_path / "plugin"
+    camp = root / "examples" / "c"
+    (camp / "notes").mkdir(parents=True)
+    (camp / "campaign.yaml").write_text("name: c\n")
+    (root / "hooks").mkdir()
+    (root / "examples" / "other").mkdir()
+    fs = sandbox.settings(camp, root)["sandbox"]["filesystem"]
+    deny = set(fs["denyWrite"])
+    assert str(camp / "notes") in fs["allowWrite"]
+    assert not any(Path(d) in (camp / "notes").parents or d == str(camp / "notes") for d in deny), deny
+    assert {str(root / "hooks"), str(root / "examples" / "other"), str(camp / "campaign.yaml")} <= deny
