@@ -58,12 +58,20 @@ def make_campaign(d: Path, rows: int) -> None:
         i += 1
 
 
-def time_proc(cmd: list[str], stdin: str, env: dict[str, str], repeat: int) -> list[float]:
+def time_proc(cmd: list[str], stdin: str, env: dict[str, str], repeat: int,
+              cpu: list[float] | None = None) -> list[float]:
+    """Wall times of `repeat` runs; with `cpu`, also appends each run's CPU time (user + system)."""
+    import resource
+
     times = []
     for _ in range(repeat):
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         p = subprocess.run(cmd, input=stdin, capture_output=True, text=True, env=env)
         times.append(time.perf_counter() - t0)
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if cpu is not None:
+            cpu.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
         if p.returncode != 0:
             raise RuntimeError(f"{cmd} failed: {p.stderr}")
     return times
@@ -98,14 +106,16 @@ def bench_hooks(python: str, camp: Path, repeat: int) -> list[dict[str, Any]]:
         ("SessionStart (folds the ledger)", "session_start", payload(camp, source="startup"), camp),
     ]
     times: list[list[float]] = [[] for _ in cases]
+    cpus: list[list[float]] = [[] for _ in cases]
     for _ in range(repeat):  # round robin: every case once per round
         for k, (_label, what, stdin, project) in enumerate(cases):
             cmd = what if isinstance(what, list) else [python, "-I", "-S", str(ROOT / "hooks" / f"{what}.py")]
-            times[k] += time_proc(cmd, stdin, {**env, "CLAUDE_PROJECT_DIR": str(project)}, 1)
-    floor = statistics.median(times[0])
+            times[k] += time_proc(cmd, stdin, {**env, "CLAUDE_PROJECT_DIR": str(project)}, 1, cpus[k])
+    floor, floor_cpu = statistics.median(times[0]), statistics.median(cpus[0])
     return [{"hook": label, "median_ms": statistics.median(t) * 1e3,
-             "p90_ms": sorted(t)[int(0.9 * (len(t) - 1))] * 1e3, "vs_floor": statistics.median(t) / floor}
-            for (label, *_), t in zip(cases, times, strict=True)]
+             "p90_ms": sorted(t)[int(0.9 * (len(t) - 1))] * 1e3, "vs_floor": statistics.median(t) / floor,
+             "cpu_ms": statistics.median(c) * 1e3, "cpu_vs_floor": statistics.median(c) / floor_cpu if floor_cpu else 0.0}
+            for (label, *_), t, c in zip(cases, times, cpus, strict=True)]
 
 
 def _rpc(proc: subprocess.Popen[bytes], msg: dict[str, Any]) -> None:
@@ -200,11 +210,14 @@ def main() -> int:
                          text=True).stdout.strip()
     print(f"interpreter: {python} (Python {ver}); ledger rows: {args.rows}; runs per hook: {args.repeat}")
     floor = hooks[0]["median_ms"]
-    print(f"{'hook':44} {'median ms':>10} {'p90 ms':>8} {'vs floor':>9}")
+    print(f"{'hook':44} {'median ms':>10} {'p90 ms':>8} {'vs floor':>9} {'CPU ms':>7} {'vs floor':>9}")
     for h in hooks:
-        print(f"{h['hook']:44} {h['median_ms']:10.1f} {h['p90_ms']:8.1f} {h['median_ms'] / floor:8.2f}x")
+        print(f"{h['hook']:44} {h['median_ms']:10.1f} {h['p90_ms']:8.1f} {h['median_ms'] / floor:8.2f}x "
+              f"{h['cpu_ms']:7.1f} {h['cpu_vs_floor']:8.2f}x")
     worst = max(h["vs_floor"] for h in hooks if h["hook"].startswith("PreToolUse"))
-    print(f"PreToolUse: worst median {worst:.2f}x the floor (target: within 1.5x)")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"PreToolUse: worst median {worst:.2f}x the floor (target: within 1.5x); load average {load:.1f} "
+          "(a loaded machine inflates every ratio: compare the CPU columns)")
     if not servers:
         return 0
     print()

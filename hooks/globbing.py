@@ -15,7 +15,7 @@ raise `Unsupported`. Standard library only; imported only when a command holds a
 
 from __future__ import annotations
 
-import os
+from hooks import lightos as os  # os without `import os` (see hooks/lightos.py)
 
 __all__ = ["Unsupported", "expand", "has_magic", "match"]
 

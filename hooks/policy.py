@@ -22,8 +22,7 @@ Standard library only.
 
 from __future__ import annotations
 
-import os
-
+from hooks import lightos as os  # os without `import os` (see hooks/lightos.py)
 from hooks import runtime, shell
 
 TYPE_CHECKING = False  # no typing import at run time: hooks start on every tool call

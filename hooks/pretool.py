@@ -13,8 +13,9 @@ the hook from telling whether this is a campaign session, answers deny: Claude C
 crashed hook's call through.
 """
 
-import os
 import sys
+
+from hooks import lightos as os  # os without `import os` (see hooks/lightos.py)
 
 EVENT = "PreToolUse"
 

@@ -25,9 +25,10 @@ Standard library only.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
+
+from hooks import lightos as os  # os without `import os` (see hooks/lightos.py)
 
 TYPE_CHECKING = False  # no typing import at run time: hooks start on every tool call
 if TYPE_CHECKING:

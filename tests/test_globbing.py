@@ -82,3 +82,32 @@ def test_hookjson_rejects_what_json_rejects(text: str) -> None:
         json.loads(text)
     with pytest.raises(ValueError):
         hookjson.loads(text)
+
+
+def test_lightos_realpath_and_paths_agree_with_os(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hooks import lightos
+
+    t = tmp_path
+    (t / "a" / "b").mkdir(parents=True)
+    (t / "a" / "b" / "f").write_text("x")
+    os.symlink("b", t / "a" / "rel")            # relative link
+    os.symlink(str(t / "a" / "b"), t / "abs")   # absolute link
+    os.symlink("../a/rel/../b/f", t / "a" / "up")  # .. after a link
+    os.symlink("loop2", t / "loop1")
+    os.symlink("loop1", t / "loop2")
+    os.symlink("chain2", t / "chain1")
+    os.symlink("a/rel", t / "chain2")
+    os.symlink("missing/x", t / "dangling")
+    monkeypatch.chdir(t / "a")
+    cases = ["a/b/f", "a/rel/f", "abs/f", "a/up", "a/rel/../b/./f", "loop1", "loop1/x/y", "chain1/f", "dangling",
+             "dangling/z", "nope/../a", "a//b///f/", "abs/../a", "/", "/..", "/../etc", ".", "rel", "rel/..", "../abs"]
+    for c in cases:
+        p = c if c.startswith(("/", ".", "rel")) else str(t / c)
+        assert lightos.path.realpath(p) == os.path.realpath(p), c
+    for p in ["/a/b", "a/b/", "/", "a", "", "//x", "/a//"]:
+        assert lightos.path.dirname(p) == os.path.dirname(p) and lightos.path.basename(p) == os.path.basename(p), p
+    for parts in [("a", "b"), ("a/", "b"), ("a", "/b", "c"), ("", "x"), ("/", "x")]:
+        assert lightos.path.join(*parts) == os.path.join(*parts), parts
+    monkeypatch.setenv("HOME", "/home/u")
+    for p in ["~", "~/x", "~user/x", "x~"]:
+        assert lightos.path.expanduser(p) == os.path.expanduser(p) or p.startswith("~user"), p
