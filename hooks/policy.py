@@ -415,6 +415,15 @@ class Policy:
             parts = programs.parse(spec, args)
         except programs.Denied as exc:
             return deny(f"shell command denied: {exc}", subject)
+        if self.unreadable and _recursive(name, args):
+            files = [v if isinstance(v, str) else v.text for k, v in parts if k == "file"] or ["."]  # type: ignore[union-attr]
+            for f in files:
+                real = self.real(f)
+                held = [u for u in self.unreadable if _inside(u, real)]
+                if held:
+                    return deny(f"shell command denied: {name} would search {f} recursively, and it holds "
+                                f"{held[0]} (the broker's token, the ledger keys or the plugin's data): "
+                                "search the directories below it (runs/, notes/)", subject)
         for kind, value in parts:
             text = value if isinstance(value, str) else value.text  # type: ignore[union-attr]
             if kind == "file":
@@ -589,6 +598,24 @@ def _ledger_keys_dir() -> str:
     """Where the broker keeps the ledger's HMAC keys (never readable or writable by the agent)."""
     state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return os.path.realpath(os.path.join(state, "attune", "ledger-keys"))
+
+
+def _recursive(name: str, args: list[shell.Word]) -> bool:
+    """Does this command read files below its operands (grep -r/-d recurse, rg)? Errs towards yes."""
+    if name == "rg":
+        return True
+    if name not in ("grep", "egrep", "fgrep"):
+        return False
+    for a in args:
+        t = a.text
+        if t == "--":
+            break
+        if t.startswith("--"):
+            if t[2:4] in ("re", "d", "di", "de") or t.startswith(("--rec", "--dir", "--d")):
+                return True
+        elif t.startswith("-") and ("r" in t[1:] or "d" in t[1:]):
+            return True
+    return False
 
 
 def _abbrev_problem(args: list[shell.Word], denied: tuple[str, ...]) -> str | None:
