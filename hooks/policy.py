@@ -4,18 +4,22 @@
 returns a `Decision` (allow or deny, with the reason the agent is shown).
 
 - Reads and searches (Read, Glob, Grep, NotebookRead, LS) only inside the read roots: the
-  campaign directory, the plugin, and policy.yaml's `read_paths`.
+  campaign directory, the plugin, and policy.yaml's `read_paths`; never `.broker/` (the broker's
+  endpoint and token), the ledger keys or the plugin's data directory.
 - Edits and writes (Edit, MultiEdit, Write, NotebookEdit, shell redirections) only inside the
   write roots: the campaign's `notes/` directory and policy.yaml's `write_paths`, and never a
-  protected path: the ledger, the spec, the policy, the hook log, the broker's audit log, the
-  runs and shipped directories, the correctness lists, the plugin itself, the plugin's data
-  directory, and Claude Code's settings.
-- Shell commands: one simple command, no chaining, substitutions or expansions (see
-  hooks/shell.py), which is either a listed read-only command whose arguments stay inside the
-  read roots, an allowed `attune` read-only subcommand, or one of the skill's own scripts.
-- The four attune MCP servers' tools are allowed; other servers' tools and web tools are denied.
+  protected path (present or not): the ledger, the spec, the policy, the hook log, the broker's
+  audit log, the runs and shipped directories, Claude Code's project files, the correctness lists,
+  the plugin itself, the plugin's data directory, the ledger keys, and Claude Code's settings.
+- Shell commands: a pipeline of simple commands, no chaining, substitutions or expansions but
+  patterns, which are expanded as bash would (hooks/shell.py, hooks/globbing.py); each stage is a
+  listed program with only its listed options, its file operands and file-valued options inside
+  the read roots (hooks/programs.py), an allowed `attune` read-only subcommand, or one of the
+  skill's own scripts without the options that would write elsewhere.
+- The four attune MCP servers' tools are allowed, by exact server name; other servers' tools and
+  web tools are denied.
 - Tools not named here are denied (policy.yaml's `tools` may add some).
-AskUserQuestion is answered by the hook itself (see pre_tool_use.py).
+AskUserQuestion is answered by the hook itself (see pretool.py).
 
 Standard library only.
 """
