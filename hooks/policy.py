@@ -135,10 +135,21 @@ def _is_python(name: str) -> bool:
     if name in ("python", "python3"):
         return True
     return name.startswith("python3.") and name[8:].isdigit() and name[8:].isascii()
+
+
 _PY_FLAGS = "uBIEsSOqb"  # python options a skill script may run under (-W takes a value; -X is refused)
 GLOB_MATCH_LIMIT = 2000
-FIND_ZERO = frozenset(["-print", "-print0", "-ls", "-true", "-false", "-prune", "-quit", "-empty", "-readable", "-writable", "-executable", "-nouser", "-nogroup", "-depth", "-mount", "-xdev", "-noleaf", "-daystart", "-not", "-a", "-and", "-o", "-or", "!", "(", ")", ",", "-ignore_readdir_race", "-noignore_readdir_race", "-d"])
-FIND_DATA = frozenset(["-name", "-iname", "-path", "-ipath", "-wholename", "-iwholename", "-regex", "-iregex", "-regextype", "-type", "-xtype", "-maxdepth", "-mindepth", "-size", "-mtime", "-mmin", "-atime", "-amin", "-ctime", "-cmin", "-user", "-group", "-uid", "-gid", "-perm", "-links", "-inum", "-printf", "-used", "-lname", "-ilname", "-fstype"])
+FIND_ZERO = frozenset((
+    "-print", "-print0", "-ls", "-true", "-false", "-prune", "-quit", "-empty", "-readable", "-writable",
+    "-executable", "-nouser", "-nogroup", "-depth", "-mount", "-xdev", "-noleaf", "-daystart", "-not", "-a",
+    "-and", "-o", "-or", "!", "(", ")", ",", "-ignore_readdir_race", "-noignore_readdir_race", "-d",
+))
+FIND_DATA = frozenset((
+    "-name", "-iname", "-path", "-ipath", "-wholename", "-iwholename", "-regex", "-iregex", "-regextype",
+    "-type", "-xtype", "-maxdepth", "-mindepth", "-size", "-mtime", "-mmin", "-atime", "-amin", "-ctime",
+    "-cmin", "-user", "-group", "-uid", "-gid", "-perm", "-links", "-inum", "-printf", "-used", "-lname",
+    "-ilname", "-fstype",
+))
 FIND_FILE = frozenset(["-newer", "-anewer", "-cnewer", "-samefile"])
 
 
