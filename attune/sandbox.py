@@ -12,7 +12,8 @@ returns the Claude Code settings (`--settings` JSON) that confine a campaign ses
   the plugin (all of it but the skill's lessons file, which `add_lesson.py` appends to), its data,
   the ledger keys and Claude Code's settings are write-denied too;
 - reads: no `.broker/` (the broker's endpoint and token), no ledger keys
-  (`${XDG_STATE_HOME:-~/.local/state}/attune/`), no plugin data (`${CLAUDE_PLUGIN_DATA}`), and no
+  (`${XDG_STATE_HOME:-~/.local/state}/attune/`), no plugin data (`${CLAUDE_PLUGIN_DATA}` and
+  `${CLAUDE_CONFIG_DIR:-~/.claude}/plugins/data`), and no
   other campaign: the directory holding the campaign is read-denied with the campaign re-allowed
   (or, where that directory also holds the home directory, Python or the plugin, each sibling
   directory holding a campaign.yaml is read-denied);
@@ -155,6 +156,10 @@ def settings(campaign_dir: Path | str, plugin_root: Path | str | None = None) ->
         deny_write.add(str(Path(data).resolve()))
     home = Path.home()
     deny_write.update({str(home / ".claude"), str(home / ".claude.json")})
+    # Claude Code keeps every plugin's data (attune's venv included) under its config directory.
+    config = Path(os.environ.get("CLAUDE_CONFIG_DIR") or home / ".claude")
+    deny_read.append(str(config / "plugins" / "data"))
+    deny_write.add(str(config))
     others, allow_read = _other_campaigns(campaign, root)
     deny_read += others
     if allow_read:

@@ -50,6 +50,7 @@ def test_settings_confine_writes_reads_and_network(camp: Path, tmp_path: Path) -
     deny_r = fs["denyRead"]
     assert str(camp / ".broker") in deny_r and str(tmp_path / "state" / "attune") in deny_r
     assert str(tmp_path / "data") in deny_r
+    assert str(Path.home() / ".claude" / "plugins" / "data") in deny_r  # where Claude Code keeps plugin data
     # the other campaigns: the directory holding them is closed, this campaign and the plugin re-opened
     assert str(tmp_path / "campaigns") in deny_r and str(camp) in fs["allowRead"] and str(ROOT) in fs["allowRead"]
     assert s["network"]["allowedDomains"] == [] and s["network"]["allowLocalBinding"] is False
