@@ -108,3 +108,18 @@ def test_a_campaign_inside_the_plugin_keeps_its_notes_writable(tmp_path: Path) -
     assert str(camp / "notes") in fs["allowWrite"]
     assert not any(Path(d) in (camp / "notes").parents or d == str(camp / "notes") for d in deny), deny
     assert {str(root / "hooks"), str(root / "examples" / "other"), str(camp / "campaign.yaml")} <= deny
+
+
+def test_cli_prints_the_settings_and_checks(camp: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from attune.cli import main
+
+    assert main(["sandbox", str(camp)]) == 0
+    settings = json.loads(capsys.readouterr().out)
+    assert settings["sandbox"]["filesystem"]["allowWrite"][0] == str(camp / "notes")
+    assert main(["sandbox", str(camp / "notes")]) == 2
+    assert "holds no campaign.yaml" in capsys.readouterr().err
+    monkeypatch.setattr(sandbox, "unavailable", lambda: "socat not found on PATH")
+    assert main(["sandbox", str(camp), "--check", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["available"] is False and "socat" in out["reason"]
