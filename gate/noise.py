@@ -18,9 +18,10 @@ root mean square of ``e`` over every pair and over the steps within ``window`` l
 A step past the last step any pair covers gets the largest ``u`` seen (noise grows as runs drift
 apart, so extrapolating the largest value errs towards passing, and the verdict says it did). When
 every pair is bit-for-bit identical the stack is **deterministic** and ``u = floor_rel``: then a
-legitimate change reorders float sums and nothing else, and ``floor_rel`` (default 0.1%, about
-1000 x the float32 reordering noise tinygpt measures) is the allowance. With no pair at all, ``u`` is
-``floor_rel`` too and the verdict says the envelope rests on the floor alone.
+legitimate change reorders float sums and nothing else, and ``floor_rel`` is the allowance: by the
+compute precision (`FLOOR_BY_PRECISION`: 0.1% for fp32, 0.25% for bf16/fp16). With no pair at all,
+``u`` is ``floor_rel`` too and the verdict says the envelope rests on the floor alone. A noise
+estimated from few differences is widened to its 95% upper confidence bound (`upper_bound_factor`).
 
 **The tests**, on the steps both curves have as finite numbers (a curve logged every N steps, or two
 curves that overlap partly, are compared on the common steps; the verdict names what was left out):
@@ -49,9 +50,32 @@ from pydantic import BaseModel, Field
 Curve = Mapping[int, float | None]
 
 
+# The smallest allowance for a legitimate change, by the precision the model computes in. On a
+# deterministic stack a legitimate change only reorders float sums; how far that moves a loss curve
+# depends on the precision and on how chaotic training is. fp32: tinygpt's legitimate changes move its
+# 60-step validation curve by at most 0.04% (docs/gate.md), so 0.1% leaves a 10x margin with k = 4.
+# bf16/fp16: Megatron-LM's public golden curves of layouts of one model differ by up to 1.1% over 50
+# steps; 0.25% (with k = 4, a 1% band) is fitted to those pairs (docs/gate.md says so).
+FLOOR_BY_PRECISION = {"fp32": 1e-3, "bf16": 2.5e-3, "fp16": 2.5e-3}
+
+
+def precision_of(args: Mapping[str, Any]) -> str:
+    """'bf16', 'fp16' or 'fp32' from resolved arguments or a recipe's flags (bf16 / --bf16, fp16 / --fp16)."""
+    def on(name: str) -> bool:
+        v = args.get(name, args.get(f"--{name}"))
+        return v is True or str(v).strip().lower() in ("true", "1", "yes")
+    return "bf16" if on("bf16") else "fp16" if on("fp16") else "fp32"
+
+
+def config_for(precision: str, **overrides: Any) -> NoiseConfig:
+    """The default configuration with the floor for this compute precision."""
+    return NoiseConfig(floor_rel=FLOOR_BY_PRECISION.get(precision, FLOOR_BY_PRECISION["fp32"]), **overrides)
+
+
 class NoiseConfig(BaseModel):
     k_sigma: float = Field(4.0, gt=0, description="envelope half-width, in noise units u(s)")
-    floor_rel: float = Field(1e-3, gt=0, description="smallest noise unit, relative to the baseline loss")
+    floor_rel: float = Field(1e-3, gt=0, description=(
+        "smallest noise unit, relative to the baseline loss (FLOOR_BY_PRECISION: 0.1% fp32, 0.25% bf16/fp16)"))
     window: int = Field(2, ge=0, description="logged steps on each side pooled into one step's noise")
     max_outside_ratio: float = Field(0.10, ge=0, le=1, description="share of steps allowed outside the envelope")
     min_steps: int = Field(5, ge=2, description="fewer common steps than this cannot be judged: reject")
@@ -79,7 +103,10 @@ class NoiseEnvelope(BaseModel):
     floor_rel: float
     k_sigma: float
     window: int
-    sigma_rel: dict[int, float] = Field(description="pooled RMS relative difference per step (before the floor)")
+    sigma_rel: dict[int, float] = Field(description=(
+        "noise per step (before the floor): the upper 95% confidence bound of the pooled RMS relative "
+        "difference, given how many differences it rests on"))
+    samples: dict[int, int] = Field(default_factory=dict, description="differences pooled into each step's noise")
     basis: str = Field(description="what the envelope rests on, in words")
 
     def unit(self, step: int) -> tuple[float, bool]:
@@ -117,7 +144,7 @@ class LevelCheck(BaseModel):
 class TrendCheck(BaseModel):
     slope_rel_per_step: float
     drift_rel: float = Field(description="the fitted line's change from the first compared step to the last")
-    noise_at_end: float = Field(description="u at the last compared step")
+    noise_at_end: float = Field(description="the window's noise (RMS of u over the compared steps)")
     drift_z: float
     limit_z: float
     passed: bool
@@ -190,10 +217,12 @@ def build_envelope(baseline: Curve, runs: Sequence[tuple[str, str, Curve]] = (),
                                    rms_rel=float(np.sqrt(np.mean(arr ** 2))), identical=bool(np.all(arr == 0.0))))
     keys = sorted(per_step)
     sigma: dict[int, float] = {}
+    samples: dict[int, int] = {}
     for idx, s in enumerate(keys):
         near = keys[max(0, idx - cfg.window): idx + cfg.window + 1]
         vals = np.concatenate([np.asarray(per_step[t]) for t in near])
-        sigma[s] = float(np.sqrt(np.mean(vals ** 2)))
+        sigma[s] = float(np.sqrt(np.mean(vals ** 2))) * upper_bound_factor(len(vals))
+        samples[s] = len(vals)
     deterministic = bool(pairs) and all(p.identical for p in pairs)
     if not pairs:
         basis = f"no other run of the baseline's objective: the envelope is the floor alone ({cfg.floor_rel:.2%})"
@@ -207,7 +236,18 @@ def build_envelope(baseline: Curve, runs: Sequence[tuple[str, str, Curve]] = (),
                  f"({', '.join(sorted({x.kind for x in sources if x.kind != 'baseline'}))}): "
                  f"they differ by {typical:.3%} RMS, at most {peak:.3%}; floor {cfg.floor_rel:.2%}")
     return NoiseEnvelope(sources=sources, pairs=pairs, deterministic=deterministic, floor_rel=cfg.floor_rel,
-                         k_sigma=cfg.k_sigma, window=cfg.window, sigma_rel=sigma, basis=basis)
+                         k_sigma=cfg.k_sigma, window=cfg.window, sigma_rel=sigma, samples=samples, basis=basis)
+
+
+def upper_bound_factor(n: int, z: float = 1.645) -> float:
+    """sigma_upper / sigma_hat: the one-sided 95% upper confidence bound of a standard deviation
+    estimated from n differences, sqrt(n / chi2_0.05(n)), with the Wilson-Hilferty approximation of the
+    chi-square quantile. 2.09 for 5 differences, 1.44 for 15, 1.21 for 50: a noise estimated from a
+    few runs is widened rather than trusted."""
+    if n <= 0:
+        return 1.0
+    q = n * (1.0 - 2.0 / (9.0 * n) - z * math.sqrt(2.0 / (9.0 * n))) ** 3
+    return math.sqrt(n / q) if q > 0 else 10.0
 
 
 def _ranges(steps: Sequence[int], limit: int = 8) -> str:
@@ -270,14 +310,14 @@ def check_noise_aware(baseline: Curve, candidate: Curve, envelope: NoiseEnvelope
         notes.append(f"no same-objective pair covers step(s) {_ranges(out_steps)}: their envelope is extrapolated "
                      f"(the largest noise seen, {max(env.unit(s)[0] for s in out_steps):.3%})")
 
-    mean_z = float(np.mean(z))
+    u_bar = float(np.sqrt(np.mean(u ** 2)))  # the window's noise: steadier than any one step's estimate
+    mean_z = float(np.mean(e)) / u_bar
     level = LevelCheck(mean_rel_diff=float(np.mean(e)), mean_z=mean_z, limit_z=k, passed=abs(mean_z) <= k)
     x = np.asarray(common, dtype=np.float64)
     slope = float(np.polyfit(x, e, 1)[0]) if len(common) >= 2 and np.ptp(x) > 0 else 0.0
     drift = slope * float(x[-1] - x[0])
-    u_end = float(u[-1])
-    trend = TrendCheck(slope_rel_per_step=slope, drift_rel=drift, noise_at_end=u_end, drift_z=drift / u_end,
-                       limit_z=k, passed=abs(drift / u_end) <= k)
+    trend = TrendCheck(slope_rel_per_step=slope, drift_rel=drift, noise_at_end=u_bar, drift_z=drift / u_bar,
+                       limit_z=k, passed=abs(drift / u_bar) <= k)
     outside_mask = np.abs(z) > k
     n_out = int(outside_mask.sum())
     allowed = int(math.floor(cfg.max_outside_ratio * len(common))) if len(common) >= 10 else 0
@@ -291,11 +331,11 @@ def check_noise_aware(baseline: Curve, candidate: Curve, envelope: NoiseEnvelope
     if not level.passed:
         failed.append("level")
         reasons.append(f"level: the candidate's loss is {level.mean_rel_diff:+.3%} off the baseline's on average, "
-                       f"{mean_z:+.1f} noise units (limit {k:g}; noise {float(np.mean(u)):.3%} per step on average)")
+                       f"{mean_z:+.1f} noise units (limit {k:g}; noise {u_bar:.3%} RMS over the window)")
     if not trend.passed:
         failed.append("trend")
         reasons.append(f"trend: the difference drifts by {drift:+.3%} from step {common[0]} to {common[-1]}, "
-                       f"{drift / u_end:+.1f} x the noise at the end ({u_end:.3%}; limit {k:g})")
+                       f"{drift / u_bar:+.1f} x the window's noise ({u_bar:.3%}; limit {k:g})")
     if not pw.passed:
         failed.append("pointwise")
         shown = ", ".join(f"step {w.step} {w.rel_diff:+.2%} (envelope {w.envelope:.2%})"
