@@ -53,7 +53,7 @@ Curve = Mapping[int, float | None]
 # The smallest allowance for a legitimate change, by the precision the model computes in. On a
 # deterministic stack a legitimate change only reorders float sums; how far that moves a loss curve
 # depends on the precision and on how chaotic training is. fp32: tinygpt's legitimate changes move its
-# 60-step validation curve by at most 0.04% (docs/gate.md), so 0.1% leaves a 10x margin with k = 4.
+# 60-step validation curves by at most 0.14% (docs/gate.md), inside the 0.4% band 0.1% gives at k = 4.
 # bf16/fp16: Megatron-LM's public golden curves of layouts of one model differ by up to 1.1% over 50
 # steps; 0.25% (with k = 4, a 1% band) is fitted to those pairs (docs/gate.md says so).
 FLOOR_BY_PRECISION = {"fp32": 1e-3, "bf16": 2.5e-3, "fp16": 2.5e-3}
