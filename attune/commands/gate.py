@@ -203,7 +203,7 @@ def run_converge(args: argparse.Namespace) -> int:
             print(f"  data: {p}")
         for e in g.excused:
             print(f"  excused ({e.check}): {e.why}")
-        print(f"noise-aware check: {na.summary()}")
+        print(na.summary())
         if na.level is not None and na.trend is not None and na.pointwise is not None:
             print(f"  level         {na.level.mean_rel_diff:+.4%} = {na.level.mean_z:+.2f} noise units "
                   f"(limit {na.level.limit_z:g})  {'ok' if na.level.passed else 'FAIL'}")
