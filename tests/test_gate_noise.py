@@ -166,3 +166,18 @@ def test_property_scale_free_and_self_consistent(scale, rel_noise, seed):
     k_units = NoiseConfig().k_sigma * max(env.unit(s)[0] for s in scaled) * 3
     far = {s: v * (1 + k_units) for s, v in scaled.items()}
     assert "level" in check_noise_aware(scaled, far, env).failed_checks
+
+
+@settings(max_examples=30, deadline=None)
+@given(level=st.floats(0.5, 12.0), rel_noise=st.floats(1e-4, 0.02), n=st.integers(8, 40), seed=st.integers(0, 10_000))
+def test_property_flat_noise_is_never_a_correlation_reject(level, rel_noise, n, seed):
+    rng = np.random.default_rng(seed)
+
+    def flat():
+        return {s: level * (1 + float(rng.normal(0, rel_noise))) for s in range(1, n + 1)}
+
+    base, cand = flat(), flat()
+    g = judge(base, cand, replicates=[(f"r{i}", "replicate", flat()) for i in range(3)])
+    assert not any(r.startswith("reference: correlation") for r in g.reasons)
+    if "correlation" in g.reference.failed_checks:
+        assert any(e.check == "correlation" for e in g.excused)
