@@ -42,7 +42,7 @@ def test_quick_validation_scores_each_kind_of_run(tmp_path):
     assert not (fault.layer2_passed and not fault.noise_aware_passed)
 
     s = report.summary
-    assert s["legitimate"] == {"runs": 2, "passed": 2, "false_rejects": []}
+    assert s["legitimate"] == {"runs": 2, "passed": 2, "false_rejects": [], "reference_false_rejects": []}
     assert s["arguments"]["refused_by_layer1"] == 1 and s["gate_ok"] is True
     table = validate.format_table(report)
     assert "| replicate-1" in table and "legitimate: 2/2 pass" in table
