@@ -66,6 +66,7 @@ def start(campaign_dir: Path | str, list_sha256: str | None = None) -> tuple[Cam
             "window": list(spec.workload.window),
             "steps_per_run": spec.workload.steps_per_run,
             "tokens_per_step": spec.workload.tokens,
+            "replicate_check_runs": spec.gate.replicate_check_runs,
         },
     )
     state, _ = load(d)

@@ -689,15 +689,16 @@ class Control:
         b = self.spec.budget
         total = b.gpu_hours if b.gpu_hours is not None else b.default_multiple * run_cost
         reserve = b.reserve_gpu_hours
-        if reserve is None:  # the checks, plus the baseline's own check run (the reference curve)
-            reserve = ((b.check_reserve_runs + 1) * run_cost * self.spec.gate.convergence_steps
+        replicas = self.spec.gate.replicate_check_runs
+        if reserve is None:  # the checks, plus the baseline's reference check run and its replicates (the noise)
+            reserve = ((b.check_reserve_runs + 1 + replicas) * run_cost * self.spec.gate.convergence_steps
                        / self.spec.workload.steps_per_run)
         reason = (
             f"calibration complete: one baseline run costs {run_cost:.6g} GPU-h; "
             + ("budget from the spec" if b.gpu_hours is not None else f"budget = {b.default_multiple:g} x that")
             + ("; reserve from the spec" if b.reserve_gpu_hours is not None
-               else f"; reserve = {b.check_reserve_runs} check runs and the baseline's reference run, "
-                    f"{self.spec.gate.convergence_steps} steps each")
+               else f"; reserve = {b.check_reserve_runs} check runs, the baseline's reference run and its "
+                    f"{replicas} replicate(s), {self.spec.gate.convergence_steps} steps each")
         )
         self.ledger.append("budget_set", {"gpu_hours": _round(total), "reserve_gpu_hours": _round(reserve),
                                           "run_cost_gpu_hours": _round(run_cost), "reason": reason})

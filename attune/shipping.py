@@ -9,12 +9,18 @@ broker that restarts (or a campaign resumed days later) carries on where it stop
    band, fastest first, at most three (`MAX_CANDIDATES`).
 3. **Reference**: one check run of the baseline (`gate.convergence_steps` steps, the baseline's data
    and seed), run once and cached: its loss curve and resolved arguments are what every candidate is
-   compared with. Check runs are paid from the reserve.
+   compared with. Then `gate.replicate_check_runs` (default 2) more check runs of the baseline: with
+   the reference they give three pairs of runs of the same objective, the fewest from which a
+   spread can be read, and they cover every step of the check (the calibration runs, which also
+   count, cover only `steps_per_run`). They set the noise envelope of the convergence check
+   (`gate.noise`; on a deterministic stack they reproduce the reference exactly, and say so). Check
+   runs are paid from the reserve, which counts these replicates.
 4. **Checks**, fastest candidate first: a check run of the candidate recipe (same steps, data and
    seed: the gate refuses any change of those), then layer 1 again on the fully resolved arguments
-   and environment of both check runs (`gate.config_check.check_resolved`), then layer 2, the
-   convergence check of the two loss curves (`gate.convergence.check_convergence`). Each verdict is
-   a `check_run` row. The first candidate that passes ships; if none does (or the reserve cannot
+   and environment of both check runs (`gate.config_check.check_resolved`), then layer 2 on the two
+   loss curves (`gate.judge.judge`: the reference rule and the noise-aware check against the
+   envelope of the baseline's replicates and calibration runs, both verdicts recorded). Each verdict
+   is a `check_run` row. The first candidate that passes ships; if none does (or the reserve cannot
    pay for another check), the baseline ships. `shipped` row, and `shipped/` on disk.
 5. **Final re-measurement**: the baseline and the shipped recipe run again, two repeats each, in a
    randomised interleaved order (seeded by the campaign, so a resumed campaign keeps the order); a
@@ -86,10 +92,19 @@ def _runs_of(state: CampaignState, kind: str, of: str) -> list[RunState]:
     return [r for r in state.runs.values() if r.kind == kind and r.base_run_id == of]
 
 
+def _baseline_checks(state: CampaignState) -> list[RunState]:
+    return [r for r in _runs_of(state, "check", "baseline") if r.status == "finished" and r.outcome == "ok"]
+
+
 def reference_run(state: CampaignState) -> RunState | None:
-    """The baseline's cached check run: the latest one that finished well."""
-    ok = [r for r in _runs_of(state, "check", "baseline") if r.status == "finished" and r.outcome == "ok"]
-    return ok[-1] if ok else None
+    """The baseline's cached check run: the first one that finished well (later ones are replicates)."""
+    ok = _baseline_checks(state)
+    return ok[0] if ok else None
+
+
+def replicate_runs(state: CampaignState) -> list[RunState]:
+    """The baseline's other check runs that finished well: its replicates, for the noise envelope."""
+    return _baseline_checks(state)[1:]
 
 
 def check_verdict(state: CampaignState, run_id: str) -> dict[str, Any] | None:
@@ -182,6 +197,11 @@ def plan(state: CampaignState) -> Action:
             if "baseline" in unlaunchable or len(_runs_of(state, "check", "baseline")) >= MAX_REFERENCE_ATTEMPTS:
                 return Action("ship", "baseline", "the baseline's own check run could not be run: no reference curve")
             return Action("check", "baseline", "the baseline's reference curve for the convergence check")
+        done_reps = len(replicate_runs(state))
+        failed = len(_runs_of(state, "check", "baseline")) - 1 - done_reps
+        if done_reps < state.replicate_check_runs and failed < MAX_REFERENCE_ATTEMPTS:
+            return Action("check", "baseline", f"replicate check run {done_reps + 1} of {state.replicate_check_runs} of "
+                          "the baseline: the noise envelope of the convergence check")
         for c in cands:
             if c.run_id in unlaunchable:  # its check run could not even be admitted (a shape problem, say)
                 continue
@@ -237,8 +257,10 @@ def evaluate_check(control: Control, state: CampaignState, run: RunState, ref: R
     from attune.launch import load_gate_list
     from gate import logparse
     from gate.config_check import check_resolved
-    from gate.convergence import check_convergence, loss_deviation
+    from gate.convergence import loss_deviation
+    from gate.judge import judge
     from gate.lists import ListError
+    from gate.noise import config_for, precision_of
 
     data: dict[str, Any] = {"run_id": run.run_id, "candidate_run_id": run.base_run_id,
                             "baseline_check_run_id": ref.run_id if ref else None}
@@ -260,18 +282,43 @@ def evaluate_check(control: Control, state: CampaignState, run: RunState, ref: R
         r1 = check_resolved(loaded, b_res, c_res, _job_env(control, ref.run_id), _job_env(control, run.run_id))
         l1 = {"passed": r1.passed, "summary": r1.summary(), "refusals": [x.model_dump() for x in r1.refusals],
               "list_sha256": r1.list_sha256}
-    b_curve, c_curve = logparse.read_losses(ref_log), logparse.read_losses(cand_log)
-    r2 = check_convergence(b_curve, c_curve)
-    conv = {"passed": r2.passed, "summary": r2.summary(), "reasons": list(r2.reasons),
+    b_curve, c_curve = _losses(state, ref_log), _losses(state, cand_log)
+    noise_runs = [(r.run_id, "replicate", _losses(state, control.run_dir(r.run_id) / "log.txt"))
+                  for r in replicate_runs(state)]
+    noise_runs += [(rid, "calibration", _losses(state, control.run_dir(rid) / "log.txt"))
+                   for rid in state.calibration_run_ids]
+    g = judge(b_curve, c_curve, replicates=[x for x in noise_runs if x[2]],
+              noise_config=config_for(precision_of(b_res or {})))
+    r2, na = g.reference, g.noise_aware
+    conv = {"passed": g.passed, "summary": g.summary, "reasons": list(g.reasons),
             "failed_checks": list(r2.failed_checks), "data_problems": list(r2.data_problems),
             "n_steps": r2.n_steps, "deviation": loss_deviation(b_curve, c_curve),
             "correlation": r2.checks.correlation.value if r2.checks else None,
-            "final_loss_rel_diff": r2.checks.final_loss.rel_diff if r2.checks else None}
+            "final_loss_rel_diff": r2.checks.final_loss.rel_diff if r2.checks else None,
+            "reference": {"passed": r2.passed, "summary": r2.summary()},
+            "excused": [e.model_dump() for e in g.excused],
+            "noise_aware": {"passed": na.passed, "summary": na.summary(), "failed_checks": list(na.failed_checks),
+                            "level_z": na.level.mean_z if na.level else None,
+                            "trend_z": na.trend.drift_z if na.trend else None,
+                            "outside": na.pointwise.outside if na.pointwise else None,
+                            "envelope": na.envelope.basis, "noise_runs": [x[0] for x in noise_runs if x[2]],
+                            "notes": list(na.notes)}}
     passed = bool(l1["passed"] and conv["passed"])
     reason = "passed both layers" if passed else "; ".join(
         x for x in (None if l1["passed"] else f"layer 1: {l1['summary']}",
                     None if conv["passed"] else f"convergence: {conv['summary']}") if x)
     return {**data, "passed": passed, "reason": reason, "layer1": l1, "convergence": conv}
+
+
+def _losses(state: CampaignState, log: Path) -> dict[int, float | None]:
+    """A run's loss per iteration, read with the campaign's framework reader; empty if unreadable."""
+    from attune.metrics import get_parser
+
+    try:
+        parsed = get_parser(state.framework or "megatron-lm").read(log)
+    except (OSError, ValueError):
+        return {}
+    return {it: rec.loss for it, rec in parsed.steps.items()}
 
 
 def record_final_run(control: Control, run_id: str) -> dict[str, Any]:

@@ -127,6 +127,8 @@ class CampaignState:
     calibration_runs_required: int = 5
     band_floor: float = 0.03
     band_k_sigma: float = 3.0
+    replicate_check_runs: int = 0  # the baseline's replicate check runs (noise envelope); 0 in older ledgers
+    framework: str | None = None
     started_at: str | None = None
     budget: BudgetState = field(default_factory=BudgetState)
     calibration_values: list[float] = field(default_factory=list)
@@ -209,6 +211,8 @@ class CampaignState:
         self.calibration_runs_required = int(d.get("calibration_runs", 5))
         self.band_floor = float(d.get("band_floor", 0.03))
         self.band_k_sigma = float(d.get("band_k_sigma", 3.0))
+        self.replicate_check_runs = int(d.get("replicate_check_runs", 0))
+        self.framework = d.get("framework")
         self.started_at = row.ts
         if d.get("budget_gpu_hours") is not None:
             self.budget.total = float(d["budget_gpu_hours"])

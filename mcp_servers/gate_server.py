@@ -6,7 +6,9 @@ Tools:
 - ``check_resolved_run``: layer 1 again on the fully resolved arguments of a check run.
 - ``explain_argument``: an argument's class on the model (structural, same-math swap,
   numeric, frozen or unlisted), and why.
-- ``check_convergence``: layer 2, a run's loss curve against the baseline's.
+- ``check_convergence``: layer 2, a run's loss curve against the baseline's: the reference rule's
+  verdict, the noise-aware check's (against replicates of the baseline, when given) and the gate's
+  combination of the two.
 - ``list_correctness_lists``: the built-in lists and their hashes.
 
 Configuration (environment, set by the plugin's .mcp.json or the launcher):
@@ -34,7 +36,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field
 
-from gate import config_check, convergence, inputs, lists
+from gate import config_check, convergence, inputs, judge, lists, noise
 
 log = logging.getLogger("attune.gate_server")
 
@@ -103,10 +105,21 @@ class PointFailureRow(BaseModel):
 
 
 class ConvergenceReport(BaseModel):
-    passed: bool
+    passed: bool = Field(description="Layer 2's verdict: the noise-aware check and the reference rule combined.")
     summary: str
-    reasons: list[str]
-    failed_checks: list[str]
+    reasons: list[str] = Field(description="Why layer 2 rejects, each naming the check ('reference: ...', 'noise-aware: ...').")
+    reference_passed: bool = Field(description="The reference rule (Megatron-Bridge's) alone, on the curves as given.")
+    reference_summary: str
+    noise_aware_passed: bool = Field(description="The noise-aware check alone.")
+    noise_aware_summary: str
+    noise_aware_failed_checks: list[str] = Field(description="'level', 'trend', 'pointwise'.")
+    noise_level_z: float | None = Field(description="Mean difference from the baseline, in noise units (limit k_sigma).")
+    noise_trend_z: float | None = Field(description="Drift of the difference over the window, in noise units.")
+    noise_outside_steps: int | None = Field(description="Steps outside the envelope.")
+    envelope_basis: str = Field(description="What the noise envelope rests on (replicates, determinism, floor).")
+    excused: list[str] = Field(description="Reference failures the combination excuses, and why (flat window, logging).")
+    notes: list[str] = Field(description="What was compared and what was not (logging intervals, partial overlap).")
+    failed_checks: list[str] = Field(description="The reference rule's failed checks.")
     data_problems: list[str]
     n_steps: int
     skipped: int
@@ -285,6 +298,18 @@ def _curve(path: str | None, losses: dict[str, float | str | None] | None, label
         raise ToolError(str(exc)) from exc
 
 
+def _log_precision(path: str | None) -> str:
+    """The compute precision a baseline log's arguments block states; fp32 when there is none."""
+    if path is None:
+        return "fp32"
+    from gate import logparse
+
+    try:
+        return noise.precision_of(logparse.read_resolved_args(_path(path)))
+    except (OSError, ValueError):
+        return "fp32"
+
+
 def _finite_or_none(x: float | None) -> float | None:
     return x if x is None or math.isfinite(x) else None
 
@@ -297,22 +322,39 @@ def check_convergence(
     candidate_losses: Annotated[dict[str, float | str | None] | None, Field(description="Inline candidate curve.")] = None,
     failures_offset: Annotated[int, Field(ge=0, description="Page offset into the point-wise failures.")] = 0,
     failures_limit: Annotated[int, Field(ge=1, le=100, description="Page size of point-wise failures.")] = 10,
+    replicates: Annotated[list[str] | None, Field(max_length=16, description=(
+        "Logs or JSON curves of other runs of the baseline's recipe (replicate check runs, calibration runs), "
+        "in the campaign dir: they set the noise envelope."))] = None,
+    precision: Annotated[str | None, Field(description=(
+        "'fp32', 'bf16' or 'fp16': sets the noise floor (default: from the baseline log's arguments, else fp32)."))] = None,
 ) -> ConvergenceReport:
-    """Layer 2: compare a run's loss curve with the baseline's (same data and seed, 20 steps).
+    """Layer 2: compare a run's loss curve with the baseline's (same data and seed).
 
-    Call this on a final candidate's 20-step check run. It reports every check's value (correlation,
-    point-wise tolerance, final loss, outliers) and rejects NaN/inf losses and missing steps.
+    Call this on a final candidate's check run. It returns two verdicts and the gate's combination:
+    the reference rule (correlation, point-wise tolerance, final loss, outliers) and the noise-aware
+    check (the candidate's difference from the baseline against how much runs of the baseline's own
+    recipe differ: level, trend, steps outside the envelope). NaN/inf losses and missing steps reject.
     """
     base = _curve(baseline, baseline_losses, "baseline")
     cand = _curve(candidate, candidate_losses, "candidate")
-    r = convergence.check_convergence(base, cand)
+    reps = [(Path(p).name, "replicate", _curve(p, None, "replicates")) for p in (replicates or [])]
+    if precision is not None and precision not in noise.FLOOR_BY_PRECISION:
+        raise ToolError(f"precision: expected one of {sorted(noise.FLOOR_BY_PRECISION)}, got {precision!r}")
+    if precision is None:
+        precision = _log_precision(baseline)
+    g = judge.judge(base, cand, replicates=reps, noise_config=noise.config_for(precision))
+    r, na = g.reference, g.noise_aware
     dev = convergence.loss_deviation(base, cand)
     c = r.checks
     failures = c.pointwise.failures if c else []
     page = failures[failures_offset:failures_offset + failures_limit]
     nxt = failures_offset + failures_limit
     return ConvergenceReport(
-        passed=r.passed, summary=r.summary(), reasons=r.reasons, failed_checks=r.failed_checks,
+        passed=g.passed, summary=g.summary, reasons=g.reasons, reference_passed=r.passed, reference_summary=r.summary(),
+        noise_aware_passed=na.passed, noise_aware_summary=na.summary(), noise_aware_failed_checks=na.failed_checks,
+        noise_level_z=na.level.mean_z if na.level else None, noise_trend_z=na.trend.drift_z if na.trend else None,
+        noise_outside_steps=na.pointwise.outside if na.pointwise else None, envelope_basis=na.envelope.basis,
+        excused=[f"{e.check}: {e.why}" for e in g.excused], notes=na.notes, failed_checks=r.failed_checks,
         data_problems=r.data_problems, n_steps=r.n_steps, skipped=r.skipped,
         correlation=c.correlation.value if c else None, correlation_passed=c.correlation.passed if c else None,
         pointwise_failing_steps=c.pointwise.failing_steps if c else None,

@@ -134,6 +134,31 @@ def test_converge_json_files_and_logs(capsys, tmp_path):
     assert code == 1 and "no loss at step(s) 12" in out
 
 
+def test_converge_returns_both_verdicts(capsys, tmp_path):
+    b = tmp_path / "b.json"
+    b.write_text(json.dumps(_curve()))
+    off = tmp_path / "off.json"  # +2%: inside the reference's 10% band, far outside a 0.1% floor
+    off.write_text(json.dumps({k: v * 1.02 for k, v in _curve().items()}))
+    code, out, _ = run(capsys, "gate", "converge", str(b), str(off), "--json")
+    doc = json.loads(out)
+    assert code == 1 and doc["passed"] is False and doc["reference_passed"] is True
+    na = doc["noise_aware"]
+    assert na["passed"] is False and "level" in na["failed_checks"] and na["level"]["mean_z"] == pytest.approx(20.0)
+    assert "floor alone" in na["envelope"]["basis"] and doc["precision"] == "fp32"
+    assert any(r.startswith("noise-aware: level") for r in doc["reasons"])
+    # a replicate that differs by as much widens the envelope: then it passes
+    rep = tmp_path / "rep.json"
+    rep.write_text(json.dumps({k: v * (1.02 if int(k) % 2 else 0.98) for k, v in _curve().items()}))
+    code, out, _ = run(capsys, "gate", "converge", str(b), str(off), "--replicate", str(rep), "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["passed"] and doc["noise_aware"]["envelope"]["pairs"][0]["b"] == "rep.json"
+    code, out, _ = run(capsys, "gate", "converge", str(b), str(off))
+    assert code == 1 and "reference rule: convergence passes" in out and "noise-aware check rejects" in out
+    assert "  level         +2.0000% = +20.00 noise units (limit 4)  FAIL" in out
+    code, _, err = run(capsys, "gate", "converge", str(b), str(off), "--k-sigma", "0")
+    assert code == 2 and "--k-sigma" in err
+
+
 def test_converge_bad_inputs_exit_2(capsys, tmp_path):
     b = tmp_path / "b.json"
     b.write_text(json.dumps(_curve()))

@@ -109,8 +109,13 @@ def test_convergence_and_resolved_run_with_campaign_files(tmp_path):
     good, badc, page2, inline, escape, res = _with_client(_params(tmp_path, ATTUNE_GATE_MODEL="glm-4.5"), body)
     g = good.structured_content
     assert g["passed"] is True and g["correlation"] == pytest.approx(1.0) and g["failures_total"] == 0
+    assert g["reference_passed"] is True and g["noise_aware_passed"] is True and abs(g["noise_level_z"]) < 1e-6
+    assert "floor alone" in g["envelope_basis"]
     b = badc.structured_content
     assert b["passed"] is False and b["pointwise_failing_steps"] == 9 and b["failures_total"] == 9
+    assert b["reference_passed"] is False and b["noise_aware_passed"] is False
+    assert any(r.startswith("reference: ") for r in b["reasons"])
+    assert any(r.startswith("noise-aware: ") for r in b["reasons"])
     assert [f["step"] for f in b["failures"]] == [12, 13, 14] and b["next_offset"] == 3
     assert [f["step"] for f in page2.structured_content["failures"]] == [15, 16, 17]
     i = inline.structured_content

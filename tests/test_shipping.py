@@ -48,9 +48,17 @@ def test_fastest_candidate_rejected_by_convergence_next_one_ships_and_is_remeasu
     assert checks[drift]["layer1"]["passed"] and not checks[drift]["convergence"]["passed"]
     assert checks[good]["passed"] and checks[good]["convergence"]["correlation"] > 0.99
     assert st.shipped is not None and st.shipped["run_id"] == good
-    # one cached reference run of the baseline, one check per candidate tried, each 20 steps long, from the reserve
+    # one cached reference run of the baseline and its 2 replicates (the noise envelope), one check per
+    # candidate tried, each 20 steps long, from the reserve
     check_runs = [r for r in st.runs.values() if r.kind == "check"]
-    assert sorted(r.base_run_id or "" for r in check_runs) == sorted(["baseline", drift, good])
+    assert sorted(r.base_run_id or "" for r in check_runs) == sorted(["baseline"] * 3 + [drift, good])
+    assert shipping.reference_run(st) is not None and len(shipping.replicate_runs(st)) == 2
+    noise = checks[good]["convergence"]["noise_aware"]
+    assert noise["passed"] and len(noise["noise_runs"]) == 2 + 5  # replicates and calibration runs
+    assert "reproduce the baseline's losses exactly (deterministic)" in noise["envelope"]
+    bad = checks[drift]["convergence"]
+    assert not bad["noise_aware"]["passed"] and "level" in bad["noise_aware"]["failed_checks"]
+    assert any(r.startswith("noise-aware: level") for r in bad["reasons"])
     assert all("iteration       20/" in (d / "runs" / r.run_id / "log.txt").read_text() for r in check_runs)
     assert st.budget.reserve_used == pytest.approx(sum(r.charge_gpu_hours for r in check_runs))
     # the final re-measurement: 2 repeats each, interleaved in the campaign's seeded order, charged outside the budget

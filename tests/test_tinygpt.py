@@ -326,7 +326,8 @@ def test_moe_microbatch_size_changes_the_objective_but_dp_does_not(runs):
 def test_faults_change_the_loss_and_are_not_in_the_arguments(runs):
     base_out, base = runs("dp2", 2)
     moe_out, moe = runs("moe-dp2-mb1", 2, "--num-experts", "4")
-    for fault in ("labels-offset", "loss-mask-shift", "skip-bucket-reduce"):
+    for fault in ("labels-offset", "loss-mask-shift", "skip-bucket-reduce", "stale-gradient", "scaled-loss",
+                  "wrong-attention-mask", "wrong-position-ids"):
         out, m = runs(f"fault-{fault}", 2, fault=fault)
         diff = max_rel(losses(m), losses(base))
         assert diff > CHANGED_MIN, f"{fault}: loss curve moved only {diff:.2e}"

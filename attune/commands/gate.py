@@ -15,12 +15,14 @@ The JSON shapes are documented in docs/gate.md.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from pathlib import Path
 from typing import Any
 
 from attune.errors import EXIT_FAILED, EXIT_OK, UsageError
 from attune.output import add_json_flag, emit_json
-from gate import config_check, convergence, inputs, lists, validate
+from gate import config_check, convergence, inputs, judge, lists, logparse, noise, validate
 
 
 def register(subparsers: Any) -> None:
@@ -52,6 +54,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("candidate", help="candidate training log, or JSON {step: loss}")
     p.add_argument("--min-steps", type=int, default=convergence.ConvergenceConfig().min_steps,
                    help="fewest common steps that can be judged (default %(default)s)")
+    p.add_argument("--replicate", action="append", default=[], metavar="RUN",
+                   help="a replicate run of the baseline's recipe (log or JSON curve); repeatable; sets the noise envelope")
+    p.add_argument("--calibration", action="append", default=[], metavar="RUN",
+                   help="a calibration run of the baseline (its steps that overlap count); repeatable")
+    p.add_argument("--precision", choices=sorted(noise.FLOOR_BY_PRECISION),
+                   help="compute precision, sets the noise floor (default: the baseline log's arguments, else fp32)")
+    p.add_argument("--k-sigma", type=float, default=noise.NoiseConfig().k_sigma,
+                   help="envelope half-width in noise units (default %(default)s)")
     add_json_flag(p)
     p.set_defaults(func=run_converge)
 
@@ -154,17 +164,30 @@ def run_converge(args: argparse.Namespace) -> int:
     try:
         base = inputs.load_curve(args.baseline)
         cand = inputs.load_curve(args.candidate)
+        runs = ([(Path(p).name, "replicate", inputs.load_curve(p)) for p in args.replicate]
+                + [(Path(p).name, "calibration", inputs.load_curve(p)) for p in args.calibration])
     except inputs.InputError as exc:
         raise UsageError(str(exc)) from exc
     if args.min_steps < 2:
         raise UsageError("--min-steps must be at least 2")
-    result = convergence.check_convergence(base, cand, convergence.ConvergenceConfig(min_steps=args.min_steps))
+    if not (args.k_sigma > 0 and math.isfinite(args.k_sigma)):
+        raise UsageError("--k-sigma must be a positive number")
+    precision = args.precision or _log_precision(args.baseline)
+    ncfg = noise.config_for(precision, k_sigma=args.k_sigma, min_steps=args.min_steps)
+    g = judge.judge(base, cand, replicates=runs, reference_config=convergence.ConvergenceConfig(min_steps=args.min_steps),
+                    noise_config=ncfg)
+    result, na = g.reference, g.noise_aware
     if args.json:
-        emit_json({**result.model_dump(mode="json"), "summary": result.summary(),
+        emit_json({**result.model_dump(mode="json"), "passed": g.passed, "summary": g.summary,
+                   "reasons": g.reasons, "reference_passed": result.passed, "reference_summary": result.summary(),
+                   "reference_reasons": result.reasons, "precision": precision,
+                   "noise_aware": _noise_json(na), "excused": [e.model_dump() for e in g.excused],
+                   "reference_common": g.reference_common.model_dump(mode="json") if g.reference_common else None,
                    "deviation": convergence.loss_deviation(base, cand),
                    "baseline": str(args.baseline), "candidate": str(args.candidate)})
     else:
-        print(result.summary())
+        print(g.summary)
+        print(f"reference rule: {result.summary()}")
         if result.checks is not None:
             c = result.checks
             corr = "undefined" if c.correlation.value is None else f"{c.correlation.value:.5f}"
@@ -178,7 +201,36 @@ def run_converge(args: argparse.Namespace) -> int:
                   f"{'ok' if c.outliers.passed else 'FAIL'}")
         for p in result.data_problems:
             print(f"  data: {p}")
-    return EXIT_OK if result.passed else EXIT_FAILED
+        for e in g.excused:
+            print(f"  excused ({e.check}): {e.why}")
+        print(na.summary())
+        if na.level is not None and na.trend is not None and na.pointwise is not None:
+            print(f"  level         {na.level.mean_rel_diff:+.4%} = {na.level.mean_z:+.2f} noise units "
+                  f"(limit {na.level.limit_z:g})  {'ok' if na.level.passed else 'FAIL'}")
+            print(f"  trend         {na.trend.drift_rel:+.4%} over the window = {na.trend.drift_z:+.2f} noise units  "
+                  f"{'ok' if na.trend.passed else 'FAIL'}")
+            print(f"  envelope      {na.pointwise.outside}/{na.pointwise.compared} steps outside "
+                  f"(allowed {na.pointwise.allowed})  {'ok' if na.pointwise.passed else 'FAIL'}")
+        print(f"  envelope: {na.envelope.basis}")
+        for n in na.notes:
+            print(f"  note: {n}")
+    return EXIT_OK if g.passed else EXIT_FAILED
+
+
+def _log_precision(source: str) -> str:
+    try:
+        return noise.precision_of(logparse.read_resolved_args(source))
+    except (OSError, ValueError):
+        return "fp32"
+
+
+def _noise_json(na: noise.NoiseAwareResult) -> dict:
+    doc = na.model_dump(mode="json")
+    doc["summary"] = na.summary()
+    env = doc["envelope"]
+    env["sigma_rel"] = {str(k): v for k, v in env["sigma_rel"].items()}
+    env["samples"] = {str(k): v for k, v in env["samples"].items()}
+    return doc
 
 
 def run_explain(args: argparse.Namespace) -> int:

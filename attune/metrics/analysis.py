@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -224,6 +225,16 @@ class RunMetrics:
         return out
 
 
+def _log_interval(log: ParsedLog) -> int:
+    """Iterations between log lines: the log's own `log_interval`, else the commonest gap, else 1."""
+    raw = log.arguments.get("log_interval")
+    if raw is not None and raw.isdigit() and int(raw) > 0:
+        return int(raw)
+    its = sorted(log.steps)
+    gaps = Counter(b - a for a, b in zip(its, its[1:], strict=False) if b > a)
+    return gaps.most_common(1)[0][0] if gaps else 1
+
+
 def analyze(
     log: ParsedLog,
     *,
@@ -355,6 +366,11 @@ def analyze(
     )
     if verdict.failure_class != "ok":
         reasons.insert(0, f"the run failed: {verdict.failure_class} ({verdict.reason})")
+    if last is not None and train_iters is not None and train_iters - last.iteration >= _log_interval(log):
+        # Never valid, whatever the exit status says (an interrupted run can exit 0 or 1). A log
+        # written every N iterations may end up to N - 1 iterations before the last one.
+        reasons.insert(1 if verdict.failure_class != "ok" else 0,
+                       f"the run is incomplete: its log stops at iteration {last.iteration} of {train_iters}")
 
     world = log.world_size or gpus
     pp = log.pipeline_parallel_size

@@ -41,6 +41,8 @@ SIGNATURES: tuple[tuple[int, str, bytes], ...] = (
     (5, "crash", b"Traceback (most recent call last)"),
     (5, "crash", b"Segmentation fault"),
     (5, "crash", b"ChildFailedError"),
+    (5, "crash", b"KeyboardInterrupt"),  # ^C in the training process
+    (5, "crash", b"death signal"),  # torchrun: "Received 2 death signal, shutting down workers"
 )
 # What the scanner searches for: short gates that each cover one or more signatures, so a
 # multi-gigabyte log is scanned fewer times; `signals_in_line` then checks the exact patterns.
@@ -54,6 +56,8 @@ MARKERS: tuple[bytes, ...] = (
     b"TIME LIMIT",
     b"Traceback (most",
     b"Segmentation fault",
+    b"KeyboardInterrupt",
+    b"death signal",
 )
 _TIER = {p.decode(): (tier, cls) for tier, cls, p in SIGNATURES}
 

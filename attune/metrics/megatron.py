@@ -35,6 +35,9 @@ _MEMORY_HEAD = re.compile(r"\[Rank (?P<rank>\d+)\] \(after (?P<after>\d+) iterat
 _MEMORY_FIELD = re.compile(r"\|\s*(?P<key>[A-Za-z][A-Za-z \-]*?)\s*:\s*(?P<value>[-+]?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)")
 _ARGUMENT = re.compile(r"^(?:\d+:\s|\[[^\]]*\]:)?\s*(?P<name>[A-Za-z_]\w*) (?:\.+ | )(?P<value>.*?)\s*$")
 _STEP_TIME = re.compile(r"Step Time :\s*(?P<s>[0-9.]+)s")
+# What Megatron-Bridge may leave after an iteration line's last "|" (its throughput report, printed
+# without a newline of its own when ranks interleave): not a cut field.
+_BRIDGE_TRAILER = re.compile(r"(?:Step Time :\s*[0-9.]+s\s*)?GPU utilization:\s*[0-9.]+\s*MODEL_TFLOP/s/GPU")
 
 STEP_TIME_KEY = "elapsed time per iteration (ms)"
 LM_LOSS = "lm loss"
@@ -86,10 +89,14 @@ def _read_iteration(line: str, head: re.Match[str], line_no: int | None) -> Step
         foreign = _ITERATION_HEAD.search(rest)
     if foreign is not None:
         rest = rest[: foreign.start()]
-        rec.add_problem("another record interleaved into the iteration line", line_no)
+        # A record glued after the line's last "|" leaves the iteration line whole (Megatron-Bridge:
+        # another rank's memory report, or its own throughput trailer and then the report).
+        after_last = rest.rsplit("|", 1)[-1].strip()
+        if after_last and not _BRIDGE_TRAILER.fullmatch(after_last):
+            rec.add_problem("another record interleaved into the iteration line", line_no)
     pieces = rest.split("|")
     tail = pieces.pop()  # the text after the last "|": blank on a whole line
-    if tail.strip():
+    if tail.strip() and not _BRIDGE_TRAILER.fullmatch(tail.strip()):
         rec.add_problem(
             f"field {tail.split(':', 1)[0].strip()!r} has no terminating '|' (cut or interleaved)", line_no
         )

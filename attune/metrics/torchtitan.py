@@ -17,9 +17,20 @@ What the reader computes from it (with ``metrics.log_freq = 1``, so each line is
   ``sum(T) / (G * sum(step times))`` is the harmonic mean of ``tps_i``: it needs neither T
   nor G;
 * per-step times: ``T / (tps_i * G)``, only when the tokens per step T (global batch size x
-  sequence length) are known, from the ``Training starts at step 1, with local batch size
-  ..., global batch size ..., sequence length ...`` line older versions print or from the
-  caller. They inherit the rounding of ``tps``.
+  sequence length) are known, from the start line or from the caller. They inherit the
+  rounding of ``tps``.
+
+The start line: versions since early 2025 print ``Trainer is initialized with local batch size
+1, global batch size 24, gradient accumulation steps 1, sequence length 4096, total steps 1000
+(warmup 2)`` (older ones ``Training starts at step 1, with local batch size ..., ... total steps
+N``; newer ones print ``Training starts at step 1`` alone after the first). The total steps
+tell the analysis where the run should end, so a run stopped early (``^C``, exit 1, or a log
+that just ends) is never valid.
+
+Every rank may print the same step line (``LOG_RANK=0,1,...`` without ``--tee`` rank
+prefixes): a repeat of the current step with no rank prefix and no new start line in between is
+another rank's copy, used for its memory only, never a restart. A step logged again after a new
+start line is a restart.
 """
 
 from __future__ import annotations
@@ -52,18 +63,28 @@ def _float(text: str) -> float:
 
 class TorchtitanParser(LogParser):
     framework = "torchtitan"
-    markers = (b"tps: ", b"Training starts at step")
+    markers = (b"tps: ", b"Training starts at step", b"Trainer is initialized with")
 
     def __init__(self) -> None:
         self.metrics_rank: int | None = None
         self.other_rank_lines = 0
+        self.copies = 0  # unprefixed repeats of the current step (every rank printing)
+        self.init_lines = 0  # "Trainer is initialized with ..." lines (one per start, current versions)
+        self.start_lines = 0  # "Training starts at step ..." lines (one per start, every version)
+        self.started_at: dict[int, int] = {}  # iteration -> the start count when it was first logged
+        self.last_iteration: int | None = None
 
     def parse_line(self, line: str, line_no: int, log: ParsedLog) -> None:
         m = _RANK.match(line)
         rank = int(m["rank"]) if m else None
-        if "Training starts at step" in line:
+        initialized = "Trainer is initialized with" in line
+        if initialized or "Training starts at step" in line:
+            if initialized:
+                self.init_lines += 1
+            else:
+                self.start_lines += 1
             for f in _START.finditer(line):
-                log.arguments.setdefault(_START_NAMES[f["key"]], f["v"])
+                log.arguments[_START_NAMES[f["key"]]] = f["v"]  # a restarted run's own values win
             return
         step = _STEP.search(line)
         if step is None:
@@ -80,6 +101,12 @@ class TorchtitanParser(LogParser):
         elif rank != self.metrics_rank:
             self.other_rank_lines += 1
             return
+        start = self.init_lines or self.start_lines  # which start of the job this line belongs to
+        if rank is None and self.started_at.get(iteration) == start and iteration == self.last_iteration:
+            self.copies += 1  # the same step from another rank (no prefix tells them apart)
+            return
+        self.started_at[iteration] = start
+        self.last_iteration = iteration
         rec = StepRecord(iteration=iteration, loss=float(step["loss"]), memory_mib=memory_mib)
         if not math.isfinite(rec.loss or 0.0):
             rec.add_problem(f"loss is {rec.loss}", line_no)
@@ -105,3 +132,6 @@ class TorchtitanParser(LogParser):
                 f"{self.other_rank_lines} step lines from ranks other than rank {self.metrics_rank} "
                 "were used for memory only"
             )
+        if self.copies:
+            log.warn(f"{self.copies} step lines repeat the current step without a rank prefix (every rank "
+                     "printing); the first of each was read, the others were used for memory only")

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from .data import DEFAULT_DATA_PATH
 
-FAULTS = ("labels-offset", "loss-mask-shift", "skip-bucket-reduce", "zero-lb-loss")
+FAULTS = ("labels-offset", "loss-mask-shift", "skip-bucket-reduce", "zero-lb-loss", "stale-gradient", "scaled-loss",
+          "wrong-attention-mask", "wrong-position-ids")
 FAULT_ENV = "TINYGPT_FAULT"
 FAULT_BUCKET_ENV = "TINYGPT_FAULT_BUCKET"
 

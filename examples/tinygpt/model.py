@@ -102,9 +102,13 @@ class Attention(nn.Module):
         nn.init.zeros_(self.qkv.bias)
         nn.init.zeros_(self.proj.bias)
         self.selective = cfg.recompute_granularity == "selective"
+        self.leak_next = False  # fault injection (wrong-attention-mask): each position also sees the next one
 
-    @staticmethod
-    def _core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.leak_next:
+            s = q.shape[-2]
+            allowed = torch.ones(s, s, dtype=torch.bool, device=q.device).tril(diagonal=1)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -155,6 +159,7 @@ class GPT(nn.Module):
             self.output = nn.Linear(cfg.hidden_size, cfg.padded_vocab_size, bias=False)
             nn.init.normal_(self.output.weight, std=cfg.init_method_std)
         self._groups = self._recompute_groups()
+        self.zero_positions = False  # fault injection (wrong-position-ids): every position id is 0
 
     def _recompute_groups(self) -> list[tuple[list[int], bool]]:
         """Consecutive layer groups and whether each group is checkpointed as a whole."""
@@ -177,6 +182,8 @@ class GPT(nn.Module):
         """Returns logits [b, s, vocab] and the sum over layers of the load-balancing loss."""
         s = tokens.shape[1]
         pos = torch.arange(s, device=tokens.device)
+        if self.zero_positions:
+            pos = torch.zeros_like(pos)
         x = self.embed(tokens) + self.pos(pos)[None]
         lb = torch.zeros((), device=x.device)
         for idx, ckpt in self._groups:
@@ -188,6 +195,12 @@ class GPT(nn.Module):
         x = self.ln_f(x)
         w = self.output.weight if self.output is not None else self.embed.weight
         return F.linear(x, w), lb
+
+    def inject_fault(self, fault: str | None) -> None:
+        """Switch on a model-level fault (validation of the correctness gate only)."""
+        self.zero_positions = fault == "wrong-position-ids"
+        for layer in self.layers:
+            layer.attn.leak_next = fault == "wrong-attention-mask"  # type: ignore[union-attr]
 
     def num_moe_layers(self) -> int:
         return self.cfg.num_layers if self.cfg.num_experts else 0

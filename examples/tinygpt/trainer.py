@@ -68,6 +68,8 @@ class Trainer:
             recompute_num_layers=a.recompute_num_layers,
         )
         self.model = GPT(cfg).to(self.device)
+        self.model.inject_fault(fault)
+        self._stale: list[torch.Tensor] | None = None  # fault stale-gradient: the previous step's gradients
         if self.world > 1:
             for p in self.model.parameters():
                 dist.broadcast(p.data, src=0)
@@ -172,6 +174,8 @@ class Trainer:
                         lb = lb * 0.0
                     loss = loss + lb_scale * lb
                     lb_sum += lb.detach().double() / self.moe_layers
+                if self.fault == "scaled-loss":  # the gradient is scaled, the logged loss is not
+                    loss = loss * 0.25
                 loss.backward()
                 lm_sum += tok_loss.detach().double()
         with torch.profiler.record_function("tinygpt.grad_reduce"):
@@ -181,6 +185,12 @@ class Trainer:
                 dist.all_reduce(stats)
         with torch.profiler.record_function("tinygpt.optimizer"):
             params = [p for p in self.model.parameters() if p.grad is not None]
+            if self.fault == "stale-gradient":  # the optimizer steps with the previous step's gradients
+                fresh = [p.grad.detach().clone() for p in params]  # type: ignore[union-attr]
+                if self._stale is not None:
+                    for p, g in zip(params, self._stale, strict=True):
+                        p.grad = g
+                self._stale = fresh
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, a.clip_grad if a.clip_grad > 0 else float("inf")))
             lm_loss = stats[0].item() / global_tokens if global_tokens > 0 else float("nan")
             lb_loss = stats[1].item() / (n_mb * self.world) if self.moe_layers else None

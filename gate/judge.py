@@ -1,0 +1,122 @@
+"""Layer 2's verdict: the reference rule and the noise-aware check, combined.
+
+Two verdicts are computed and both are reported:
+
+- ``reference``: Megatron-Bridge's rule as `gate.convergence` implements it, on the curves as given
+  (unchanged: same name, same verdict, same strictness on NaN and step sets);
+- ``noise_aware``: `gate.noise`, against the envelope learned from runs of the baseline's objective.
+
+The gate's verdict passes only when the noise-aware check passes **and** the reference rule passes,
+with two documented exceptions where the reference rule is known to judge the data rather than the
+objective (docs/gate.md, "Combining the two verdicts"):
+
+1. *Step sets that differ only by logging*: the reference rejects any missing or extra step. When
+   the difference is one of coverage (a curve logged every N steps, or curves that overlap partly)
+   and no loss is NaN, infinite or absent, the reference rule is applied to the steps both curves
+   have, and that result counts. A candidate that stops before the baseline's last step is still a
+   reject (the noise-aware check says so).
+2. *Correlation of flat noise*: a correlation below 0.95 is excused when even a replicate of the
+   baseline could not reach 0.95 on this window, i.e. when the baseline moves over the window (its
+   standard deviation ``S``) by less than ``3.04`` noise sigmas. (A curve plus independent noise of
+   standard deviation ``D`` correlates with itself at ``S / sqrt(S^2 + D^2)``, which is below 0.95
+   exactly when ``S < 3.04 D``.) The noise sigma is the envelope's, ``u(s) * |baseline(s)|``, RMS
+   over the window, never the candidate's own difference.
+
+Every other reference failure (point-wise band, final loss, outliers) counts as it is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from gate.convergence import ConvergenceConfig, ConvergenceResult, check_convergence
+from gate.noise import Curve, NoiseAwareResult, NoiseConfig, NoiseEnvelope, build_envelope, check_noise_aware
+
+FLAT_RATIO = 1.0 / math.sqrt(1.0 / 0.95 ** 2 - 1.0)  # 3.04: S below this many noise sigmas cannot give r >= 0.95
+
+
+class Excuse(BaseModel):
+    check: str
+    why: str
+
+
+class GateConvergence(BaseModel):
+    passed: bool
+    summary: str
+    reasons: list[str]
+    reference: ConvergenceResult = Field(description="the reference rule on the curves as given")
+    reference_common: ConvergenceResult | None = Field(
+        None, description="the reference rule on the common steps, when the step sets differ only by logging")
+    reference_counts: bool = Field(description="whether the reference rule (after the exceptions) passes")
+    excused: list[Excuse]
+    noise_aware: NoiseAwareResult
+
+
+def _finite(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def judge(baseline: Curve, candidate: Curve, *, replicates: Sequence[tuple[str, str, Curve]] = (),
+          envelope: NoiseEnvelope | None = None, reference_config: ConvergenceConfig | None = None,
+          noise_config: NoiseConfig | None = None) -> GateConvergence:
+    """Both verdicts and the gate's combination. `replicates`: (name, kind, curve) runs of the baseline's objective."""
+    ncfg = noise_config or NoiseConfig()
+    env = envelope or build_envelope(baseline, replicates, ncfg)
+    ref = check_convergence(baseline, candidate, reference_config)
+    na = check_noise_aware(baseline, candidate, env, ncfg)
+    excused: list[Excuse] = []
+    used = ref
+    common_ref: ConvergenceResult | None = None
+    bad_values = any(v is None or not _finite(v) for c in (baseline, candidate) for v in c.values())
+    if not ref.passed and ref.data_problems and not bad_values:
+        base = {int(k): v for k, v in baseline.items()}
+        cand = {int(k): v for k, v in candidate.items()}
+        common = set(base) & set(cand)
+        if common and max(cand) >= max(base):
+            common_ref = check_convergence({s: base[s] for s in common}, {s: cand[s] for s in common},
+                                           reference_config)
+            used = common_ref
+            excused.append(Excuse(check="step sets", why=(
+                f"the curves' step sets differ only by logging ({len(base)} baseline and {len(cand)} candidate "
+                f"steps); the reference rule is applied to the {len(common)} common steps")))
+    failing = list(used.failed_checks)
+    if "correlation" in failing and used.checks is not None and used.steps:
+        b = np.array([float(baseline[s]) for s in used.steps])  # type: ignore[arg-type]
+        sig = np.array([env.unit(s)[0] for s in used.steps]) * np.abs(b)
+        noise = float(np.sqrt(np.mean(sig ** 2)))
+        spread = float(np.std(b))
+        if spread < FLAT_RATIO * noise:
+            failing.remove("correlation")
+            excused.append(Excuse(check="correlation", why=(
+                f"correlation {used.checks.correlation.value:.3f} on a flat window: the baseline moves by "
+                f"{spread:.4g} (std over steps {used.steps[0]}-{used.steps[-1]}), less than {FLAT_RATIO:.2f} x the "
+                f"noise {noise:.4g}, so even a replicate could not reach {used.checks.correlation.threshold}")))
+    ref_ok = not failing and not used.data_problems
+    reasons: list[str] = []
+    if not na.passed:
+        reasons += [f"noise-aware: {r}" for r in na.reasons]
+    if not ref_ok:
+        reasons += [f"reference: {r}" for r in used.reasons
+                    if not (r.startswith("correlation") and "correlation" not in failing)]
+    passed = na.passed and ref_ok
+    if passed:
+        summary = ("layer 2 passes: " + na.summary().removeprefix("noise-aware check passes ")
+                   + "; reference rule " + ("passes" if ref.passed else "passes after: "
+                                            + "; ".join(x.why for x in excused)))
+    else:
+        summary = "layer 2 rejects: " + "; ".join(reasons)
+    return GateConvergence(passed=passed, summary=summary, reasons=reasons, reference=ref,
+                           reference_common=common_ref, reference_counts=ref_ok, excused=excused, noise_aware=na)
+
+
+def curves_from(entries: Mapping[str, Curve]) -> list[tuple[str, str, Curve]]:
+    """(name, kind, curve) triples from {"replicate:name": curve, "calibration:name": curve, ...}."""
+    out: list[tuple[str, str, Curve]] = []
+    for key, curve in entries.items():
+        kind, _, name = key.partition(":")
+        out.append((name or kind, kind if name else "replicate", curve))
+    return out

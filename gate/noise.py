@@ -1,0 +1,345 @@
+"""The noise-aware convergence check: does the candidate stay inside what replicates of the baseline do?
+
+The reference rule (`gate.convergence`) uses fixed tolerances (10% of the loss above 2.0) and the
+correlation of the two curves. Early in training, with losses near 10, the band absorbs a different
+objective; on a short, flat window the correlation measures noise. This check instead learns how
+much two runs of the *same* objective differ, and asks whether the candidate differs from the
+baseline by more than that.
+
+**The envelope.** Runs of the baseline's objective (its replicate check runs, its calibration runs
+where their steps overlap the check run's) are compared pairwise, the baseline included. At every
+step ``s`` a pair gives the relative difference ``e = (a - b) / |B(s)|`` (``B`` the baseline curve,
+or the pair's own second run where the baseline has no value at ``s``). The noise at ``s`` is the
+root mean square of ``e`` over every pair and over the steps within ``window`` logged steps of
+``s`` (pooled, because a handful of runs is a small sample), never below ``floor_rel``:
+
+    u(s) = max(floor_rel, rms(e over pairs, steps near s))
+
+A step past the last step any pair covers gets the largest ``u`` seen (noise grows as runs drift
+apart, so extrapolating the largest value errs towards passing, and the verdict says it did). When
+every pair is bit-for-bit identical the stack is **deterministic** and ``u = floor_rel``: then a
+legitimate change reorders float sums and nothing else, and ``floor_rel`` is the allowance: by the
+compute precision (`FLOOR_BY_PRECISION`: 0.1% for fp32, 0.25% for bf16/fp16). With no pair at all,
+``u`` is ``floor_rel`` too and the verdict says the envelope rests on the floor alone. A noise
+estimated from few differences is widened to its 95% upper confidence bound (`upper_bound_factor`).
+
+**The tests**, on the steps both curves have as finite numbers (a curve logged every N steps, or two
+curves that overlap partly, are compared on the common steps; the verdict names what was left out):
+
+1. *level*: the mean of ``z(s) = e(s) / u(s)`` (``e`` now the candidate's difference from the
+   baseline) must stay within ``k_sigma``;
+2. *trend*: the least-squares line through ``e(s)`` must not drift, from the first compared step to
+   the last, by more than ``k_sigma`` times the noise at the last step;
+3. *point-wise*: at most ``max_outside_ratio`` of the steps may lie outside ``k_sigma * u(s)``
+   (with fewer than 10 steps, no step may).
+
+There is no correlation test: correlating two curves that move less than their noise measures the
+noise. Data problems (a NaN or infinite loss, a step without a loss, a candidate that stops before
+the baseline's last step, fewer than ``min_steps`` common steps) reject with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+Curve = Mapping[int, float | None]
+
+
+# The smallest allowance for a legitimate change, by the precision the model computes in. On a
+# deterministic stack a legitimate change only reorders float sums; how far that moves a loss curve
+# depends on the precision and on how chaotic training is. fp32: tinygpt's legitimate changes move its
+# 60-step validation curves by at most 0.14% (docs/gate.md), inside the 0.4% band 0.1% gives at k = 4.
+# bf16/fp16: Megatron-LM's public golden curves of layouts of one model differ by up to 1.1% over 50
+# steps; 0.25% (with k = 4, a 1% band) is fitted to those pairs (docs/gate.md says so).
+FLOOR_BY_PRECISION = {"fp32": 1e-3, "bf16": 2.5e-3, "fp16": 2.5e-3}
+
+
+def precision_of(args: Mapping[str, Any]) -> str:
+    """'bf16', 'fp16' or 'fp32' from resolved arguments or a recipe's flags (bf16 / --bf16, fp16 / --fp16)."""
+    def on(name: str) -> bool:
+        v = args.get(name, args.get(f"--{name}"))
+        return v is True or str(v).strip().lower() in ("true", "1", "yes")
+    return "bf16" if on("bf16") else "fp16" if on("fp16") else "fp32"
+
+
+def config_for(precision: str, **overrides: Any) -> NoiseConfig:
+    """The default configuration with the floor for this compute precision."""
+    return NoiseConfig(floor_rel=FLOOR_BY_PRECISION.get(precision, FLOOR_BY_PRECISION["fp32"]), **overrides)
+
+
+class NoiseConfig(BaseModel):
+    k_sigma: float = Field(4.0, gt=0, description="envelope half-width, in noise units u(s)")
+    floor_rel: float = Field(1e-3, gt=0, description=(
+        "smallest noise unit, relative to the baseline loss (FLOOR_BY_PRECISION: 0.1% fp32, 0.25% bf16/fp16)"))
+    window: int = Field(2, ge=0, description="logged steps on each side pooled into one step's noise")
+    max_outside_ratio: float = Field(0.10, ge=0, le=1, description="share of steps allowed outside the envelope")
+    min_steps: int = Field(5, ge=2, description="fewer common steps than this cannot be judged: reject")
+
+
+class NoiseSource(BaseModel):
+    name: str
+    kind: Literal["baseline", "replicate", "calibration", "environment", "other"]
+    steps: int = Field(description="finite steps the run has")
+
+
+class PairNoise(BaseModel):
+    a: str
+    b: str
+    steps: int = Field(description="common finite steps")
+    max_abs_rel: float
+    rms_rel: float
+    identical: bool
+
+
+class NoiseEnvelope(BaseModel):
+    sources: list[NoiseSource]
+    pairs: list[PairNoise]
+    deterministic: bool = Field(description="every pair reproduced the same losses bit for bit")
+    floor_rel: float
+    k_sigma: float
+    window: int
+    sigma_rel: dict[int, float] = Field(description=(
+        "noise per step (before the floor): the upper 95% confidence bound of the pooled RMS relative "
+        "difference, given how many differences it rests on"))
+    samples: dict[int, int] = Field(default_factory=dict, description="differences pooled into each step's noise")
+    basis: str = Field(description="what the envelope rests on, in words")
+
+    def unit(self, step: int) -> tuple[float, bool]:
+        """u(step) and whether it was extrapolated (the step is past the pairs' steps, or has no data)."""
+        if not self.sigma_rel:
+            return self.floor_rel, True
+        if step in self.sigma_rel:
+            return max(self.floor_rel, self.sigma_rel[step]), False
+        keys = sorted(self.sigma_rel)
+        if keys[0] < step < keys[-1]:  # between two logged steps: the larger neighbour
+            lo = max(k for k in keys if k < step)
+            hi = min(k for k in keys if k > step)
+            return max(self.floor_rel, self.sigma_rel[lo], self.sigma_rel[hi]), False
+        if step < keys[0]:
+            return max(self.floor_rel, self.sigma_rel[keys[0]]), True
+        return max(self.floor_rel, max(self.sigma_rel.values())), True
+
+
+class StepDeviation(BaseModel):
+    step: int
+    candidate: float
+    baseline: float
+    rel_diff: float
+    envelope: float = Field(description="k_sigma * u(step), relative")
+    z: float
+
+
+class LevelCheck(BaseModel):
+    mean_rel_diff: float
+    mean_z: float
+    limit_z: float
+    passed: bool
+
+
+class TrendCheck(BaseModel):
+    slope_rel_per_step: float
+    drift_rel: float = Field(description="the fitted line's change from the first compared step to the last")
+    noise_at_end: float = Field(description="the window's noise (RMS of u over the compared steps)")
+    drift_z: float
+    limit_z: float
+    passed: bool
+
+
+class PointwiseEnvelopeCheck(BaseModel):
+    outside: int
+    compared: int
+    ratio: float
+    allowed: int
+    passed: bool
+    worst: list[StepDeviation] = Field(description="the steps furthest outside (or nearest the edge), at most 5")
+
+
+class NoiseAwareResult(BaseModel):
+    name: Literal["noise_aware"] = "noise_aware"
+    passed: bool
+    reasons: list[str]
+    failed_checks: list[str]
+    data_problems: list[str]
+    notes: list[str] = Field(description="what was compared and what was not (logging intervals, overlap)")
+    steps: list[int] = Field(description="the steps compared")
+    envelope: NoiseEnvelope
+    level: LevelCheck | None
+    trend: TrendCheck | None
+    pointwise: PointwiseEnvelopeCheck | None
+
+    def summary(self) -> str:
+        if not self.passed:
+            return "noise-aware check rejects: " + "; ".join(self.reasons)
+        assert self.level and self.trend and self.pointwise
+        return (f"noise-aware check passes over {len(self.steps)} steps: mean difference "
+                f"{self.level.mean_rel_diff:+.3%} ({self.level.mean_z:+.2f} noise units, limit {self.level.limit_z:g}), "
+                f"drift {self.trend.drift_rel:+.3%} ({self.trend.drift_z:+.2f}), {self.pointwise.outside}/"
+                f"{self.pointwise.compared} steps outside the envelope; {self.envelope.basis}")
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _clean(curve: Curve) -> dict[int, float]:
+    return {int(k): float(v) for k, v in curve.items() if _finite(v)}  # type: ignore[arg-type]
+
+
+def build_envelope(baseline: Curve, runs: Sequence[tuple[str, str, Curve]] = (),
+                   config: NoiseConfig | None = None) -> NoiseEnvelope:
+    """The noise envelope from the baseline and other runs of its objective: (name, kind, curve) each."""
+    cfg = config or NoiseConfig()
+    base = _clean(baseline)
+    named: list[tuple[str, str, dict[int, float]]] = [("baseline", "baseline", base)]
+    named += [(n, k if k in ("replicate", "calibration", "environment") else "other", _clean(c)) for n, k, c in runs]
+    sources = [NoiseSource(name=n, kind=k, steps=len(c)) for n, k, c in named]  # type: ignore[arg-type]
+    per_step: dict[int, list[float]] = {}
+    pairs: list[PairNoise] = []
+    for i in range(len(named)):
+        for j in range(i + 1, len(named)):
+            (na, _, a), (nb, _, b) = named[i], named[j]
+            common = sorted(set(a) & set(b))
+            if not common:
+                continue
+            rels = []
+            for s in common:
+                ref = base.get(s, b[s])
+                e = (a[s] - b[s]) / abs(ref) if ref != 0 else a[s] - b[s]
+                rels.append(e)
+                per_step.setdefault(s, []).append(e)
+            arr = np.asarray(rels)
+            pairs.append(PairNoise(a=na, b=nb, steps=len(common), max_abs_rel=float(np.max(np.abs(arr))),
+                                   rms_rel=float(np.sqrt(np.mean(arr ** 2))), identical=bool(np.all(arr == 0.0))))
+    keys = sorted(per_step)
+    sigma: dict[int, float] = {}
+    samples: dict[int, int] = {}
+    for idx, s in enumerate(keys):
+        near = keys[max(0, idx - cfg.window): idx + cfg.window + 1]
+        vals = np.concatenate([np.asarray(per_step[t]) for t in near])
+        sigma[s] = float(np.sqrt(np.mean(vals ** 2))) * upper_bound_factor(len(vals))
+        samples[s] = len(vals)
+    deterministic = bool(pairs) and all(p.identical for p in pairs)
+    if not pairs:
+        basis = f"no other run of the baseline's objective: the envelope is the floor alone ({cfg.floor_rel:.2%})"
+    elif deterministic:
+        basis = (f"{len(pairs)} pair(s) of same-objective runs reproduce the baseline's losses exactly "
+                 f"(deterministic): the envelope is the floor ({cfg.floor_rel:.2%})")
+    else:
+        peak = max(p.max_abs_rel for p in pairs)
+        typical = float(np.sqrt(np.mean([v ** 2 for v in sigma.values()])))
+        basis = (f"{len(pairs)} pair(s) of same-objective runs over {len(keys)} step(s) "
+                 f"({', '.join(sorted({x.kind for x in sources if x.kind != 'baseline'}))}): "
+                 f"they differ by {typical:.3%} RMS, at most {peak:.3%}; floor {cfg.floor_rel:.2%}")
+    return NoiseEnvelope(sources=sources, pairs=pairs, deterministic=deterministic, floor_rel=cfg.floor_rel,
+                         k_sigma=cfg.k_sigma, window=cfg.window, sigma_rel=sigma, samples=samples, basis=basis)
+
+
+def upper_bound_factor(n: int, z: float = 1.645) -> float:
+    """sigma_upper / sigma_hat: the one-sided 95% upper confidence bound of a standard deviation
+    estimated from n differences, sqrt(n / chi2_0.05(n)), with the Wilson-Hilferty approximation of the
+    chi-square quantile. 2.09 for 5 differences, 1.44 for 15, 1.21 for 50: a noise estimated from a
+    few runs is widened rather than trusted."""
+    if n <= 0:
+        return 1.0
+    q = n * (1.0 - 2.0 / (9.0 * n) - z * math.sqrt(2.0 / (9.0 * n))) ** 3
+    return math.sqrt(n / q) if q > 0 else 10.0
+
+
+def _ranges(steps: Sequence[int], limit: int = 8) -> str:
+    from gate.convergence import _ranges as r
+
+    s = r(list(steps))
+    parts = s.split(", ")
+    return s if len(parts) <= limit else ", ".join(parts[:limit]) + f", ... ({len(steps)} steps)"
+
+
+def _interval(steps: Sequence[int]) -> int | None:
+    if len(steps) < 2:
+        return None
+    d = np.diff(np.asarray(steps))
+    vals, counts = np.unique(d, return_counts=True)
+    return int(vals[np.argmax(counts)])
+
+
+def check_noise_aware(baseline: Curve, candidate: Curve, envelope: NoiseEnvelope | None = None,
+                      config: NoiseConfig | None = None) -> NoiseAwareResult:
+    """Judge the candidate against the baseline and the envelope (default: the floor alone)."""
+    cfg = config or NoiseConfig()
+    env = envelope or build_envelope(baseline, (), cfg)
+    k = env.k_sigma
+    problems: list[str] = []
+    notes: list[str] = []
+    for label, curve in (("candidate", candidate), ("baseline", baseline)):
+        absent = sorted(int(s) for s, v in curve.items() if v is None)
+        bad = sorted(int(s) for s, v in curve.items() if v is not None and not _finite(v))
+        if absent:
+            problems.append(f"{label} has no loss at step(s) {_ranges(absent)} (a NaN loss is not printed)")
+        if bad:
+            problems.append(f"{label} has a non-finite loss at step(s) {_ranges(bad)}")
+    base, cand = _clean(baseline), _clean(candidate)
+    common = sorted(set(base) & set(cand))
+    if base and cand and max(cand) < max(base) and max(set(candidate)) < max(base):
+        problems.append(f"the candidate stops at step {max(cand)}, before the baseline's last step {max(base)}")
+    only_b = sorted(set(base) - set(cand))
+    only_c = sorted(set(cand) - set(base))
+    if only_b or only_c:
+        ib, ic = _interval(sorted(base)), _interval(sorted(cand))
+        how = f" (baseline logged every {ib} step(s), candidate every {ic})" if ib != ic else ""
+        notes.append(f"compared the {len(common)} step(s) both curves have{how}; not compared: "
+                     + "; ".join(x for x in (f"baseline-only {_ranges(only_b)}" if only_b else "",
+                                             f"candidate-only {_ranges(only_c)}" if only_c else "") if x))
+    if len(common) < cfg.min_steps:
+        problems.append(f"only {len(common)} step(s) with a finite loss in both curves; at least {cfg.min_steps} "
+                        "are needed")
+    if len(common) < 2:
+        return NoiseAwareResult(passed=False, reasons=list(problems), failed_checks=[], data_problems=problems,
+                                notes=notes, steps=common, envelope=env, level=None, trend=None, pointwise=None)
+    b = np.array([base[s] for s in common])
+    c = np.array([cand[s] for s in common])
+    e = np.where(b != 0, (c - b) / np.where(b != 0, np.abs(b), 1.0), c - b)
+    units, extrap = zip(*(env.unit(s) for s in common), strict=True)
+    u = np.asarray(units)
+    z = e / u
+    out_steps = [s for s, x in zip(common, extrap, strict=True) if x]
+    if out_steps and env.pairs:
+        notes.append(f"no same-objective pair covers step(s) {_ranges(out_steps)}: their envelope is extrapolated "
+                     f"(the largest noise seen, {max(env.unit(s)[0] for s in out_steps):.3%})")
+
+    u_bar = float(np.sqrt(np.mean(u ** 2)))  # the window's noise: steadier than any one step's estimate
+    mean_z = float(np.mean(e)) / u_bar
+    level = LevelCheck(mean_rel_diff=float(np.mean(e)), mean_z=mean_z, limit_z=k, passed=abs(mean_z) <= k)
+    x = np.asarray(common, dtype=np.float64)
+    slope = float(np.polyfit(x, e, 1)[0]) if len(common) >= 2 and np.ptp(x) > 0 else 0.0
+    drift = slope * float(x[-1] - x[0])
+    trend = TrendCheck(slope_rel_per_step=slope, drift_rel=drift, noise_at_end=u_bar, drift_z=drift / u_bar,
+                       limit_z=k, passed=abs(drift / u_bar) <= k)
+    outside_mask = np.abs(z) > k
+    n_out = int(outside_mask.sum())
+    allowed = int(math.floor(cfg.max_outside_ratio * len(common))) if len(common) >= 10 else 0
+    order = np.argsort(-np.abs(z))[:5]
+    worst = [StepDeviation(step=common[i], candidate=float(c[i]), baseline=float(b[i]), rel_diff=float(e[i]),
+                           envelope=float(k * u[i]), z=float(z[i])) for i in order]
+    pw = PointwiseEnvelopeCheck(outside=n_out, compared=len(common), ratio=n_out / len(common), allowed=allowed,
+                                passed=n_out <= allowed, worst=worst)
+    failed: list[str] = []
+    reasons = list(problems)
+    if not level.passed:
+        failed.append("level")
+        reasons.append(f"level: the candidate's loss is {level.mean_rel_diff:+.3%} off the baseline's on average, "
+                       f"{mean_z:+.1f} noise units (limit {k:g}; noise {u_bar:.3%} RMS over the window)")
+    if not trend.passed:
+        failed.append("trend")
+        reasons.append(f"trend: the difference drifts by {drift:+.3%} from step {common[0]} to {common[-1]}, "
+                       f"{drift / u_bar:+.1f} x the window's noise ({u_bar:.3%}; limit {k:g})")
+    if not pw.passed:
+        failed.append("pointwise")
+        shown = ", ".join(f"step {w.step} {w.rel_diff:+.2%} (envelope {w.envelope:.2%})"
+                          for w in worst if abs(w.z) > k)
+        reasons.append(f"{n_out}/{len(common)} steps outside the envelope (allowed {allowed}): {shown}")
+    return NoiseAwareResult(passed=not reasons, reasons=reasons, failed_checks=failed, data_problems=problems,
+                            notes=notes, steps=common, envelope=env, level=level, trend=trend, pointwise=pw)
