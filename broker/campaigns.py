@@ -43,7 +43,7 @@ class CampaignHandle:
         self.dir = self.control.dir
         self.spec = self.control.spec
         self.name = self.spec.name
-        self.backend: Backend = backend or get_backend(self.spec.cluster.backend, dict(self.spec.cluster.settings))
+        self.backend: Backend = backend or get_backend(self.spec.cluster.backend, self.spec.cluster.backend_settings())
         self.image = self._image_tree()
         self._lock = threading.RLock()
         self._finishing: set[str] = set()
