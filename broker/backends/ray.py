@@ -21,7 +21,8 @@ becomes the label selector `ray.io/node-id: !in(...)`.
 
 A restarted broker adopts its jobs: the submission id is all it needs; the run directory is found from
 the job's metadata. Submitting a run whose submission id already exists adopts the running job when it
-is the same job (same script), and replaces a finished one.
+is the same job (same script); a finished job of an earlier incarnation of the run keeps its id, and the
+new one gets the next free `<id>-2`, `<id>-3`, ... (Ray ids are never reused).
 See docs/ray.md.
 """
 
@@ -54,6 +55,7 @@ ENTRYPOINT = f'exec bash -c "${SCRIPT_ENV}" attune-job'
 MAX_SCRIPT_BYTES = 100_000  # one environment string (Linux allows 128 KiB)
 LOG_SYNC_INTERVAL_S = 1.0
 NODE_LABEL = "ray.io/node-id"
+MAX_ID_ATTEMPTS = 20
 
 # Ray's error types that are not the job's own doing (the entrypoint never ran, or Ray lost it).
 _INFRA_ERRORS = {
@@ -82,6 +84,7 @@ class _Job:
     log_bytes: int = 0
     last_log_sync: float = 0.0
     cancel_requested: bool = False
+    cancelled_pending_at: float | None = None  # cancelled while queued: never ran, for the broker
     timed_out: bool = False
 
 
@@ -242,7 +245,7 @@ class RayBackend:
         script = self.render(spec)
         res = self.resources(spec)
         run_dir = spec.run_dir.resolve()
-        sid = submission_id(self.settings.submission_id_prefix, spec.campaign, spec.job_id)
+        base_sid = submission_id(self.settings.submission_id_prefix, spec.campaign, spec.job_id)
         digest = hashlib.sha256(script.encode()).hexdigest()
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -257,18 +260,20 @@ class RayBackend:
                     "attune_script_sha256": digest}
         runtime_env = self.settings.runtime_env.as_ray()
         runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), SCRIPT_ENV: script}
-        existing = self._info_or_none(sid)
-        if existing is not None:
+        # The run's submission id, or (when a job of an earlier incarnation of the run, a campaign made again,
+        # holds it) the next free one: Ray ids are never reused, so the cluster's history stays whole.
+        for attempt in range(1, MAX_ID_ATTEMPTS + 1):
+            sid = base_sid if attempt == 1 else f"{base_sid}-{attempt}"
+            existing = self._info_or_none(sid)
+            if existing is None:
+                break
             same = (existing.metadata or {}).get("attune_script_sha256") == digest
-            if not existing.status.is_terminal():
-                if not same:
-                    raise BackendError(
-                        f"job {spec.job_id}: submission id {sid} is taken by another job still running on the cluster"
-                    )
+            if same and not existing.status.is_terminal():
                 self._remember(sid, spec, run_dir, existing, fresh=False)
-                return sid  # the same job, submitted before a broker restart: adopt it
-            # A finished job of an earlier incarnation of this run (a campaign made again): replace it.
-            self._call(f"delete_job {sid}", client.delete_job, sid)
+                return sid  # the same job, submitted before (a broker restart, a repeated request): adopt it
+        else:
+            raise BackendError(f"job {spec.job_id}: submission ids {base_sid} to {base_sid}-{MAX_ID_ATTEMPTS} are "
+                               "all taken on the cluster")
         try:
             client.submit_job(entrypoint=ENTRYPOINT, submission_id=sid, runtime_env=runtime_env,
                               metadata=metadata, **res)
@@ -288,6 +293,9 @@ class RayBackend:
         info = self._call(f"get_job_info {backend_id}", self.client().get_job_info, backend_id)
         with self._lock:
             job = self._jobs.get(backend_id) or self._adopt(backend_id, info)
+            if job.cancelled_pending_at is not None:
+                return JobStatus(job_id=job.job_id, backend_id=backend_id, state=JobState.CANCELLED,
+                                 ended_at=job.cancelled_pending_at, reason="cancelled through the broker while queued")
             ray_state = str(info.status.value if hasattr(info.status, "value") else info.status)
             terminal = info.status.is_terminal()
             now = time.time()
@@ -319,11 +327,18 @@ class RayBackend:
         info = self._call(f"get_job_info {backend_id}", client.get_job_info, backend_id)
         with self._lock:
             job = self._jobs.get(backend_id) or self._adopt(backend_id, info)
-            if info.status.is_terminal():
+            if info.status.is_terminal() or job.cancelled_pending_at is not None:
                 return
             job.cancel_requested = True  # before stopping: a STOPPED job we asked for is cancelled, not lost
+            pending = str(getattr(info.status, "value", info.status)) == "PENDING" and job.started_at is None
+            if pending:
+                # Ray stops a queued job only once its supervisor gets resources (it then ends at once): for
+                # the broker the job is cancelled now, never having run, and is never charged.
+                job.cancelled_pending_at = time.time()
             self._save(backend_id, job)
         self._call(f"stop_job {backend_id}", client.stop_job, backend_id)
+        if pending:
+            return
         # Ray stops the entrypoint and every process under it (SIGTERM, then SIGKILL after its grace).
         deadline = time.monotonic() + self.settings.stop_timeout_s
         while True:
@@ -415,7 +430,7 @@ class RayBackend:
             return _Job(job_id=str(data["job_id"]), run_dir=run_dir, submitted_at=float(data["submitted_at"]),
                         time_limit_s=data.get("time_limit_s"), first_running_seen=data.get("first_running_seen"),
                         log_bytes=int(data.get("log_bytes", 0)), cancel_requested=bool(data.get("cancel_requested")),
-                        timed_out=bool(data.get("timed_out")))
+                        cancelled_pending_at=data.get("cancelled_pending_at"), timed_out=bool(data.get("timed_out")))
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -423,7 +438,8 @@ class RayBackend:
         data = {"submission_id": sid, "address": self.settings.address, "job_id": job.job_id,
                 "submitted_at": job.submitted_at, "time_limit_s": job.time_limit_s,
                 "first_running_seen": job.first_running_seen, "log_bytes": job.log_bytes,
-                "cancel_requested": job.cancel_requested, "timed_out": job.timed_out}
+                "cancel_requested": job.cancel_requested, "cancelled_pending_at": job.cancelled_pending_at,
+                "timed_out": job.timed_out}
         path = job.run_dir / META_FILE
         try:
             tmp = path.with_name(META_FILE + ".tmp")
