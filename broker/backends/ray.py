@@ -338,7 +338,12 @@ class RayBackend:
             self._save(backend_id, job)
         self._call(f"stop_job {backend_id}", client.stop_job, backend_id)
         if pending:
-            return
+            info = self._call(f"get_job_info {backend_id}", client.get_job_info, backend_id)
+            if str(getattr(info.status, "value", info.status)) == "PENDING":
+                return
+            with self._lock:  # it started meanwhile: it ran, so it is stopped and charged like a running job
+                job.cancelled_pending_at = None
+                self._save(backend_id, job)
         # Ray stops the entrypoint and every process under it (SIGTERM, then SIGKILL after its grace).
         deadline = time.monotonic() + self.settings.stop_timeout_s
         while True:
