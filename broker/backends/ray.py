@@ -70,7 +70,7 @@ _INFRA_ERRORS = {
 _SUBMISSION_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 _NODE_ID = re.compile(r"^[0-9a-f]{8,64}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_START_LINE = re.compile(re.escape(START_MARK) + r"([0-9]+(?:\.[0-9]+)?)")
+_START_LINE = re.compile(r"(?m)^" + re.escape(START_MARK) + r"([0-9]+(?:\.[0-9]+)?)")
 
 
 @dataclass
@@ -83,6 +83,7 @@ class _Job:
     first_running_seen: float | None = None  # fallback when the log cannot be read
     log_bytes: int = 0
     last_log_sync: float = 0.0
+    log_sync_interval_s: float = LOG_SYNC_INTERVAL_S
     cancel_requested: bool = False
     cancelled_pending_at: float | None = None  # cancelled while queued: never ran, for the broker
     timed_out: bool = False
@@ -456,15 +457,18 @@ class RayBackend:
     def _sync_log(self, sid: str, job: _Job, force: bool) -> None:
         """Append what the driver logged since the last call to <run_dir>/log.txt."""
         now = time.monotonic()
-        if not force and now - job.last_log_sync < LOG_SYNC_INTERVAL_S:
+        if not force and now - job.last_log_sync < job.log_sync_interval_s:
             return
         try:
             text = self.client().get_job_logs(sid)
         except Exception:
             return  # the driver's node may be gone: keep what was copied
-        job.last_log_sync = now
+        job.last_log_sync = time.monotonic()
+        # The Jobs API returns the whole log each time: a huge log is fetched less often (at most a fifth
+        # of the broker's time goes into copying it).
+        job.log_sync_interval_s = max(LOG_SYNC_INTERVAL_S, 5 * (job.last_log_sync - now))
         if job.started_at is None:
-            m = _START_LINE.search(text[:65536])
+            m = _START_LINE.search(text)  # the script's first line: nothing the job prints comes before it
             if m:
                 job.started_at = float(m.group(1))
         data = text.encode("utf-8", "replace")
