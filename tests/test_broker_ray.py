@@ -20,7 +20,7 @@ from attune.launch import LaunchRequest
 from attune.state import load
 from broker.backends.ray import START_MARK
 from broker.campaigns import CampaignHandle
-from tests._broker_helpers import wait_for
+from tests._broker_helpers import make_campaign, wait_for
 from tests._ray_helpers import (
     RAY_ADDRESS,
     ROOT,
@@ -107,3 +107,23 @@ def test_short_tinygpt_campaign_ships_through_ray(tmp_path: Path) -> None:
     assert out["shipped"] == st.shipped["run_id"]
     assert (d / "shipped" / "run.sh").is_file() and (d / "shipped" / "job.ray.sh").is_file()
     assert Path(out["report_html"]).is_file()
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_hung_job_on_ray_is_killed_by_the_broker_s_watchdog(tmp_path: Path) -> None:
+    d = make_campaign(
+        tmp_path, name=f"ray-hang-{tmp_path.name[-6:]}".replace("_", "-"),
+        replace={"cluster": {"backend": "ray", "gpus": 1, "gpus_per_node": 1, "accelerator": "cpu",
+                             "ray": {"address": RAY_ADDRESS, "gpu_request": "none"}}},
+        baseline={"command": [sys.executable, "tests/fake_trainer.py", "--world-size", "{gpus}"],
+                  "args": {"--fake-mode": "hang", "--fake-fail-at": 3}},
+        control={"poll_interval_s": 0.2, "hang_timeout_s": 3.0},
+    )
+    h = CampaignHandle(d)
+    out = h.launch(LaunchRequest(kind="calibration"))
+    assert out["submitted"], out
+    wait_for(lambda: not h.state().in_flight, timeout_s=180, step=h.poll, interval_s=0.3)
+    run = h.state().runs[out["run_id"]]
+    assert run.outcome == "hang" and "watchdog" in (run.reason or ""), run
+    assert run.started_at is not None and run.charge_gpu_hours > 0
+    assert h.backend.status(run.backend_id).state.value == "cancelled"  # stopped through the Jobs API

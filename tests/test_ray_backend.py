@@ -278,3 +278,14 @@ def test_a_restarted_broker_adopts_a_running_job(tmp_path: Path) -> None:
     assert done.state is JobState.COMPLETED, done.reason
     log = (run / "log.txt").read_text()
     assert log.count(START_MARK) == 1 and log.count(" iteration       30/      30 |") == 1  # copied once
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_the_time_limit_stops_a_job_as_timeout(tmp_path: Path) -> None:
+    b = RayBackend(address=RAY_ADDRESS, gpu_request="none")
+    run = tmp_path / "t"
+    sid = b.submit(_spec(run, campaign=_campaign(), job_id="t", argv=("bash", "-c", "echo waiting; sleep 600"),
+                         time_limit_s=2.0))
+    st = _wait(b, sid, lambda st: st.state.finished, timeout_s=120)
+    assert st.state is JobState.TIMEOUT and "time limit of 2 s" in (st.reason or ""), st
+    assert st.started_at is not None and st.ended_at is not None and st.ended_at - st.started_at >= 2.0
