@@ -118,6 +118,9 @@ class RayCluster(_Strict):
         default_factory=dict, description="node labels each job's node must match (Ray label selector syntax)"
     )
     runtime_env: RayRuntimeEnv = Field(default_factory=RayRuntimeEnv)
+    placement_strategy: Literal["STRICT_SPREAD", "SPREAD", "PACK"] = Field(
+        "STRICT_SPREAD", description="multi-node jobs: how their per-node bundles are placed (STRICT_SPREAD: one a node)"
+    )
     submission_id_prefix: str = Field(
         "attune", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$", description="submission ids: <prefix>-<campaign>-<run>"
     )

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -289,3 +290,30 @@ def test_the_time_limit_stops_a_job_as_timeout(tmp_path: Path) -> None:
     st = _wait(b, sid, lambda st: st.state.finished, timeout_s=120)
     assert st.state is JobState.TIMEOUT and "time limit of 2 s" in (st.reason or ""), st
     assert st.started_at is not None and st.ended_at is not None and st.ended_at - st.started_at >= 2.0
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_two_node_job_runs_on_a_placement_group_and_stops_whole(tmp_path: Path) -> None:
+    # Two "nodes" of one CPU rank each; PACK lets both bundles share the one-machine cluster's only node.
+    b = RayBackend(address=RAY_ADDRESS, gpu_request="none", placement_strategy="PACK")
+    camp = _campaign()
+    run = tmp_path / "m"
+    # torchrun --nnodes 2 (static rendezvous): its node rank and master come from the driver's PET_* variables
+    argv = (sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+            *tinygpt_argv(run, 100000)[1:])
+    sid = b.submit(_spec(run, campaign=camp, job_id="m", argv=argv, gpus=2, gpus_per_node=1))
+    st = _wait(b, sid, _log_has(run, "iteration        2/"))
+    log = (run / "log.txt").read_text()
+    assert st.state is JobState.RUNNING and "using world size: 2" in log, log[-2000:]
+    assert len(st.nodes) == 2  # the placement group's nodes
+    # charged from the driver's start line, printed once it held both nodes (not from Ray's RUNNING)
+    marker = float(log.split(START_MARK, 1)[1].split()[0])
+    assert st.started_at == pytest.approx(marker)
+    assert len(processes_mentioning(str(run))) >= 4  # two torchruns, two ranks
+    b.cancel(sid)
+    st = b.status(sid)
+    assert st.state is JobState.CANCELLED and st.ended_at is not None, st
+    deadline = time.monotonic() + 20
+    while processes_mentioning(str(run)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_mentioning(str(run)) == []

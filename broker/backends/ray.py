@@ -36,7 +36,7 @@ import re
 import shlex
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,8 @@ SCRIPT_FILE = "job.ray.sh"
 META_FILE = "ray_job.json"
 SCRIPT_ENV = "ATTUNE_RAY_JOB_SCRIPT"
 START_MARK = "attune-ray: job started "
+NODES_MARK = "attune-ray: nodes "
+LAUNCHER_EOF = "ATTUNE_RAY_LAUNCHER_END"
 # The entrypoint Ray runs (with a shell): the script travels in the job's runtime environment, so that
 # the driver's log shows one short line, not the script.
 ENTRYPOINT = f'exec bash -c "${SCRIPT_ENV}" attune-job'
@@ -71,6 +73,7 @@ _SUBMISSION_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 _NODE_ID = re.compile(r"^[0-9a-f]{8,64}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _START_LINE = re.compile(r"(?m)^" + re.escape(START_MARK) + r"([0-9]+(?:\.[0-9]+)?)")
+_NODES_LINE = re.compile(r"(?m)^" + re.escape(NODES_MARK) + r"([0-9a-f,]+)$")
 
 
 @dataclass
@@ -87,6 +90,8 @@ class _Job:
     cancel_requested: bool = False
     cancelled_pending_at: float | None = None  # cancelled while queued: never ran, for the broker
     timed_out: bool = False
+    node_count: int = 1
+    nodes: list[str] = field(default_factory=list)  # a multi-node job's nodes, from its driver's first lines
 
 
 def submission_id(prefix: str, campaign: str, job_id: str) -> str:
@@ -155,29 +160,45 @@ class RayBackend:
 
     # ---- render ------------------------------------------------------------------------------------
 
-    def resources(self, spec: JobSpec) -> dict[str, Any]:
-        """What the job's entrypoint asks the cluster for (the arguments of submit_job)."""
+    def bundle(self, spec: JobSpec) -> dict[str, float]:
+        """What the job needs on each of its nodes, as Ray resources."""
         s = self.settings
-        if spec.nodes > 1:
-            raise BackendError(
-                f"job {spec.job_id} spans {spec.nodes} nodes: the ray backend runs single-node jobs "
-                f"(gpus <= gpus_per_node); see docs/ray.md"
-            )
-        cpus = s.cpus_per_job if s.cpus_per_job is not None else (spec.gpus if s.gpu_request == "none" else 1)
-        out: dict[str, Any] = {"entrypoint_num_cpus": cpus}
+        per_node = spec.gpus // spec.nodes
+        cpus = s.cpus_per_job if s.cpus_per_job is not None else (per_node if s.gpu_request == "none" else 1)
+        out: dict[str, float] = {"CPU": float(cpus)}
         if s.gpu_request == "gpus":
-            out["entrypoint_num_gpus"] = spec.gpus
+            out["GPU"] = float(per_node)
         if s.memory_gb is not None:
-            out["entrypoint_memory"] = int(s.memory_gb * 1024**3)
-        if s.resources:
-            out["entrypoint_resources"] = dict(s.resources)
-        selector = dict(s.label_selector)
+            out["memory"] = float(int(s.memory_gb * 1024**3))
+        out.update({k: float(v) for k, v in s.resources.items()})
+        return out
+
+    def selector(self, spec: JobSpec) -> dict[str, str]:
+        """The label selector of the job's node(s): the campaign's, and the nodes a retry avoids."""
+        selector = dict(self.settings.label_selector)
         if spec.exclude_nodes:
             bad = [n for n in spec.exclude_nodes if not _NODE_ID.match(n)]
             if bad:
                 raise BackendError(f"job {spec.job_id}: cannot exclude {bad}: not Ray node ids")
             # The retry of an infrastructure failure runs on other nodes.
             selector[NODE_LABEL] = f"!in({','.join(spec.exclude_nodes)})"
+        return selector
+
+    def resources(self, spec: JobSpec) -> dict[str, Any]:
+        """What the job's entrypoint asks the cluster for (the arguments of submit_job). A multi-node job's
+        entrypoint is its driver, which asks for nothing: its nodes are a placement group (see ray_launch)."""
+        if spec.nodes > 1:
+            self.selector(spec)  # refuse bad exclusions here too
+            return {}
+        b = self.bundle(spec)
+        out: dict[str, Any] = {"entrypoint_num_cpus": _num(b.pop("CPU"))}
+        if "GPU" in b:
+            out["entrypoint_num_gpus"] = _num(b.pop("GPU"))
+        if "memory" in b:
+            out["entrypoint_memory"] = int(b.pop("memory"))
+        if b:
+            out["entrypoint_resources"] = b
+        selector = self.selector(spec)
         if selector:
             out["entrypoint_label_selector"] = selector
         return out
@@ -209,32 +230,55 @@ class RayBackend:
         runtime_env = self.settings.runtime_env.as_ray()
         if runtime_env:
             flags.append(f"--runtime-env-json {q(json.dumps(runtime_env, sort_keys=True))}")
-        lines = [
+        where = "one node" if spec.nodes == 1 else f"{spec.nodes} nodes ({spec.gpus // spec.nodes} per node)"
+        head = [
             "#!/bin/bash",
-            f"# attune job {spec.job_id} of campaign {spec.campaign}: {spec.gpus} {units} on one node of the Ray "
+            f"# attune job {spec.job_id} of campaign {spec.campaign}: {spec.gpus} {units} on {where} of the Ray "
             f"cluster at {self.settings.address}.",
             "# Generated by broker.backends.ray; the broker submits it as the job's entrypoint. By hand:",
             f"#   ray job submit {' '.join(flags)} -- bash {q(str(run_dir / SCRIPT_FILE))}",
-            "# The first line marks the moment the job runs (charging starts here; the queue is never charged).",
-            f'echo "{START_MARK}$(date +%s.%N) pid $$ on $(hostname)"',
-            "",
+        ]
+        body = [
             "# The job's environment, on top of the node's and the campaign's runtime_env.",
             *(f"export {k}={q(v)}" for k, v in sorted(spec.env.items())),
             f"mkdir -p {q(str(run_dir))} 2>/dev/null || true",
         ]
         if self.settings.runtime_env.working_dir is None:
-            lines.append(
+            body.append(
                 f"cd {q(str(spec.workdir))} || {{ echo 'attune: cannot enter workdir {spec.workdir}' >&2; exit 97; }}"
             )
         else:
-            lines.append("# The job starts in the runtime environment's working_dir.")
-        lines += [
+            body.append("# The job starts in the runtime environment's working_dir.")
+        body += [
             # Not exec: a command killed by a signal is the job's failure (exit 128+n); the script itself
             # killed by a signal is the infrastructure's (or someone's outside the broker).
             " ".join(q(a) for a in spec.argv),
             'exit "$?"',
-            "",
         ]
+        if spec.nodes == 1:
+            lines = [
+                *head,
+                "# The first line marks the moment the job runs (charging starts here; the queue is never charged).",
+                f'echo "{START_MARK}$(date +%s.%N) pid $$ on $(hostname)"',
+                "",
+                *body,
+                "",
+            ]
+        else:
+            launch = {"nodes": spec.nodes, "bundle": self.bundle(spec), "strategy": self.settings.placement_strategy,
+                      "selector": self.selector(spec), "node_script": "\n".join(["#!/bin/bash", *body, ""])}
+            lines = [
+                *head,
+                f"# A {spec.nodes}-node job: this script is its driver. It holds one placement-group bundle per node",
+                f"# ({self.settings.placement_strategy}), prints the nodes and the start line (charging starts when every",
+                "# node is held), and runs the node script (in ATTUNE_RAY_LAUNCH) on each node with NODE_RANK, NNODES,",
+                "# MASTER_ADDR, MASTER_PORT (and torchrun's PET_* forms).",
+                f"export ATTUNE_RAY_LAUNCH={q(json.dumps(launch, sort_keys=True))}",
+                f"exec python - <<'{LAUNCHER_EOF}'",
+                _launcher_source().rstrip("\n"),
+                LAUNCHER_EOF,
+                "",
+            ]
         text = "\n".join(lines)
         if len(text.encode()) > MAX_SCRIPT_BYTES:
             raise BackendError(f"job {spec.job_id}: its script is over {MAX_SCRIPT_BYTES} bytes")
@@ -256,7 +300,7 @@ class RayBackend:
         except OSError as exc:
             raise BackendError(f"job {spec.job_id}: cannot write {run_dir / SCRIPT_FILE}: {exc}") from None
         client = self.client()
-        self.check_capacity(res, spec)
+        self.check_capacity(spec)
         metadata = {"attune_campaign": spec.campaign, "attune_run": spec.job_id, "attune_run_dir": str(run_dir),
                     "attune_script_sha256": digest}
         runtime_env = self.settings.runtime_env.as_ray()
@@ -308,6 +352,8 @@ class RayBackend:
             ended = info.end_time / 1000.0 if terminal and info.end_time else None
             started = self._started_at(job, info, ended)
             state, reason, code = self._map(job, info, started)
+            if state is JobState.RUNNING and started is None:
+                state, reason = JobState.PENDING, f"RUNNING: its driver waits for {job.node_count} nodes"
             if state is JobState.RUNNING and job.time_limit_s is not None and started is not None \
                     and now - started > job.time_limit_s and not job.timed_out:
                 job.timed_out = True
@@ -315,11 +361,16 @@ class RayBackend:
                 reason = f"time limit of {job.time_limit_s:g} s reached: stopping the job"
                 with contextlib.suppress(BackendError):
                     self._call(f"stop_job {backend_id}", self.client().stop_job, backend_id)
-            node = info.driver_node_id if started is not None and info.driver_node_id else None
+            if started is None:
+                nodes: list[str] = []
+            elif job.node_count > 1:
+                nodes = list(job.nodes)
+            else:
+                nodes = [info.driver_node_id] if info.driver_node_id else []
             return JobStatus(
                 job_id=job.job_id, backend_id=backend_id, state=state, started_at=started,
                 ended_at=ended if started is not None or state.finished else None,
-                exit_code=code, nodes=[node] if node else [], reason=reason,
+                exit_code=code, nodes=nodes, reason=reason,
             )
 
     def cancel(self, backend_id: str) -> None:
@@ -358,37 +409,41 @@ class RayBackend:
 
     # ---- admission of resources --------------------------------------------------------------------
 
-    def check_capacity(self, res: dict[str, Any], spec: JobSpec) -> None:
-        """Refuse a job no alive node of the cluster could ever run (it would wait forever)."""
+    def check_capacity(self, spec: JobSpec) -> None:
+        """Refuse a job the cluster's alive nodes could never hold (it would wait forever)."""
         try:
             from ray.util.state import list_nodes
         except ImportError as exc:
             raise BackendError(f"the ray backend needs Ray's state API: pip install 'attune[ray]' ({exc})") from None
         nodes = self._call("list_nodes", list_nodes, address=self.settings.address, detail=True,
                            timeout=int(max(1, self.settings.request_timeout_s)), raise_on_missing_output=False)
-        need: dict[str, float] = {"CPU": float(res.get("entrypoint_num_cpus") or 0)}
-        if res.get("entrypoint_num_gpus"):
-            need["GPU"] = float(res["entrypoint_num_gpus"])
-        if res.get("entrypoint_memory"):
-            need["memory"] = float(res["entrypoint_memory"])
-        need.update({k: float(v) for k, v in (res.get("entrypoint_resources") or {}).items()})
+        need = self.bundle(spec)
         alive = [n for n in nodes if str(getattr(n, "state", "")) in ("ALIVE", "NodeState.ALIVE")]
-        candidates = [n for n in alive if n.node_id not in spec.exclude_nodes]
-        for n in candidates:
-            total = n.resources_total or {}
-            if all(total.get(k, 0.0) >= v for k, v in need.items()):
-                return
-        wanted = ", ".join(f"{k} {_fmt(k, v)}" for k, v in need.items())
         if not alive:
             raise BackendError(f"the Ray cluster at {self.settings.address} has no alive node")
+        candidates = [n for n in alive if n.node_id not in spec.exclude_nodes]
+
+        def fits(n: Any) -> int:  # how many of the job's per-node shares the node can hold
+            total = n.resources_total or {}
+            return int(min((total.get(k, 0.0) // v if v > 0 else 10**6) for k, v in need.items()))
+
+        held = [fits(n) for n in candidates]
+        if spec.nodes == 1 or self.settings.placement_strategy == "STRICT_SPREAD":
+            enough = sum(1 for h in held if h >= 1) >= spec.nodes
+        else:
+            enough = sum(held) >= spec.nodes
+        if enough:
+            return
+        wanted = ", ".join(f"{k} {_fmt(k, v)}" for k, v in need.items())
         largest = max(alive, key=lambda n: (n.resources_total or {}).get("GPU", 0.0) * 1e6
                       + (n.resources_total or {}).get("CPU", 0.0))
         offers = ", ".join(f"{k} {_fmt(k, (largest.resources_total or {}).get(k, 0.0))}" for k in need)
         excluded = f" ({len(alive) - len(candidates)} excluded after an infrastructure failure)" \
             if len(candidates) < len(alive) else ""
+        count = "one node" if spec.nodes == 1 else f"{spec.nodes} nodes ({self.settings.placement_strategy})"
         raise BackendError(
-            f"too few resources: job {spec.job_id} needs one node with {wanted}, and no node of the Ray cluster at "
-            f"{self.settings.address} has them{excluded}; the largest node offers {offers}"
+            f"too few resources: job {spec.job_id} needs {count} with {wanted}, and the Ray cluster at "
+            f"{self.settings.address} has not{excluded}: {len(alive)} alive node(s), the largest offers {offers}"
         )
 
     # ---- internals ---------------------------------------------------------------------------------
@@ -409,7 +464,8 @@ class RayBackend:
             job = None if fresh else self._load(sid, run_dir)
             if job is None:
                 submitted = (info.start_time / 1000.0) if info is not None and info.start_time else time.time()
-                job = _Job(job_id=spec.job_id, run_dir=run_dir, submitted_at=submitted, time_limit_s=spec.time_limit_s)
+                job = _Job(job_id=spec.job_id, run_dir=run_dir, submitted_at=submitted, time_limit_s=spec.time_limit_s,
+                           node_count=spec.nodes)
                 if fresh:
                     (run_dir / "log.txt").unlink(missing_ok=True)  # from an earlier submission, if any
             self._jobs[sid] = job
@@ -436,7 +492,8 @@ class RayBackend:
             return _Job(job_id=str(data["job_id"]), run_dir=run_dir, submitted_at=float(data["submitted_at"]),
                         time_limit_s=data.get("time_limit_s"), first_running_seen=data.get("first_running_seen"),
                         log_bytes=int(data.get("log_bytes", 0)), cancel_requested=bool(data.get("cancel_requested")),
-                        cancelled_pending_at=data.get("cancelled_pending_at"), timed_out=bool(data.get("timed_out")))
+                        cancelled_pending_at=data.get("cancelled_pending_at"), timed_out=bool(data.get("timed_out")),
+                        node_count=int(data.get("node_count", 1)), nodes=[str(n) for n in data.get("nodes", [])])
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -445,7 +502,7 @@ class RayBackend:
                 "submitted_at": job.submitted_at, "time_limit_s": job.time_limit_s,
                 "first_running_seen": job.first_running_seen, "log_bytes": job.log_bytes,
                 "cancel_requested": job.cancel_requested, "cancelled_pending_at": job.cancelled_pending_at,
-                "timed_out": job.timed_out}
+                "timed_out": job.timed_out, "node_count": job.node_count, "nodes": job.nodes}
         path = job.run_dir / META_FILE
         try:
             tmp = path.with_name(META_FILE + ".tmp")
@@ -471,6 +528,10 @@ class RayBackend:
             m = _START_LINE.search(text)  # the script's first line: nothing the job prints comes before it
             if m:
                 job.started_at = float(m.group(1))
+        if job.node_count > 1 and not job.nodes:
+            m = _NODES_LINE.search(text)  # printed by the driver before any node's script starts
+            if m:
+                job.nodes = m.group(1).split(",")
         data = text.encode("utf-8", "replace")
         if len(data) <= job.log_bytes:
             return
@@ -485,6 +546,13 @@ class RayBackend:
     def _started_at(self, job: _Job, info: Any, ended: float | None) -> float | None:
         """When the job began running, from its script's first line; never before the submission, never after
         its end or the first time the broker saw it running."""
+        if job.node_count > 1:
+            # Ray calls the job RUNNING when its driver starts, before the driver holds its nodes: a multi-node
+            # job starts at its driver's start line only.
+            if job.started_at is None:
+                return None
+            upper = min(x for x in (ended, time.time()) if x is not None)
+            return min(max(job.started_at, job.submitted_at), upper)
         ran = job.started_at is not None or job.first_running_seen is not None
         if not ran:
             return None
@@ -525,6 +593,17 @@ class RayBackend:
     def _check_id(self, backend_id: str) -> None:
         if not _SUBMISSION_ID.match(str(backend_id)):
             raise BackendError(f"not a Ray submission id of this backend: {backend_id!r}")
+
+
+def _num(v: float) -> int | float:
+    return int(v) if float(v).is_integer() else v
+
+
+def _launcher_source() -> str:
+    text = (Path(__file__).with_name("ray_launch.py")).read_text()
+    if LAUNCHER_EOF in text:
+        raise BackendError("broker/backends/ray_launch.py contains the heredoc terminator")
+    return text
 
 
 def _one_line(exc: object) -> str:
