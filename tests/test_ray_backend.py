@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import sys
 import time
@@ -71,6 +72,21 @@ def test_render_cpu_ranks_and_resources(tmp_path: Path) -> None:
     assert ENTRYPOINT == 'exec bash -c "$ATTUNE_RAY_JOB_SCRIPT" attune-job'
 
 
+def test_render_a_multi_node_job_as_a_driver_with_a_placement_group(tmp_path: Path) -> None:
+    b = RayBackend(cpus_per_job=16, resources={"accelerator_type:H100": 0.001})
+    spec = _spec(tmp_path / "run", gpus=16, gpus_per_node=8, exclude_nodes=(NODE_A,))
+    assert b.resources(spec) == {}  # the driver asks for nothing; the nodes are the placement group's
+    text = b.render(spec)
+    launch = json.loads(shlex.split(next(line for line in text.splitlines()
+                                         if line.startswith("export ATTUNE_RAY_LAUNCH=")).split("=", 1)[1])[0])
+    assert launch["nodes"] == 2 and launch["strategy"] == "STRICT_SPREAD"
+    assert launch["bundle"] == {"CPU": 16.0, "GPU": 8.0, "accelerator_type:H100": 0.001}
+    assert launch["selector"] == {"ray.io/node-id": f"!in({NODE_A})"}
+    assert f"cd {ROOT} ||" in launch["node_script"] and START_MARK not in launch["node_script"]
+    assert "exec python - <<'ATTUNE_RAY_LAUNCHER_END'" in text and text.rstrip().endswith("ATTUNE_RAY_LAUNCHER_END")
+    assert "placement_group(" in text  # the launcher itself travels in the script
+
+
 def test_submission_ids_are_derived_from_the_run() -> None:
     assert submission_id("attune", "tiny", "r0003") == "attune-tiny-r0003"
     odd = submission_id("attune", "a.b", "r1")
@@ -86,8 +102,6 @@ def test_bad_settings_and_jobs_are_refused(tmp_path: Path) -> None:
     with pytest.raises(BackendError, match="CPU"):
         RayBackend(resources={"CPU": 2})
     b = RayBackend()
-    with pytest.raises(BackendError, match="single-node"):
-        b.render(_spec(tmp_path / "run", gpus=16, gpus_per_node=8))
     with pytest.raises(BackendError, match="env name"):
         b.render(_spec(tmp_path / "run", env={"BAD-NAME": "1"}))
     with pytest.raises(BackendError, match="image_uri"):
@@ -298,6 +312,9 @@ def test_a_two_node_job_runs_on_a_placement_group_and_stops_whole(tmp_path: Path
     b = RayBackend(address=RAY_ADDRESS, gpu_request="none", placement_strategy="PACK")
     camp = _campaign()
     run = tmp_path / "m"
+    with pytest.raises(BackendError, match=r"needs 2 nodes \(STRICT_SPREAD\) with CPU 1.*1 alive node"):
+        RayBackend(address=RAY_ADDRESS, gpu_request="none").submit(
+            _spec(run, campaign=camp, job_id="spread", gpus=2, gpus_per_node=1))
     # torchrun --nnodes 2 (static rendezvous): its node rank and master come from the driver's PET_* variables
     argv = (sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
             *tinygpt_argv(run, 100000)[1:])

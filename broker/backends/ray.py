@@ -6,6 +6,8 @@ submission id is derived from the campaign and run id (`<prefix>-<campaign>-<run
 CPUs / GPUs / memory / custom resources as the entrypoint's resources, with the campaign's runtime
 environment (`cluster.ray.runtime_env`, an allowlist of runtime_env fields); the job's own environment
 (the baseline's, the stack fixes', a candidate's allowlisted changes) is exported by the script.
+A multi-node job's script is a driver instead (broker/backends/ray_launch.py): it holds one
+placement-group bundle per node and runs the node script on each.
 
 Status comes from the Jobs API: PENDING (queued, or its runtime environment being set up: never
 charged), RUNNING, SUCCEEDED, FAILED, STOPPED. Charging starts when the script itself starts: its first
