@@ -18,7 +18,7 @@ from attune import ledger, shipping
 from attune.campaign import start
 from attune.launch import LaunchRequest
 from attune.state import load
-from broker.backends.ray import START_MARK
+from broker.backends.ray import START_MARK, RayBackend
 from broker.campaigns import CampaignHandle
 from tests._broker_helpers import make_campaign, wait_for
 from tests._ray_helpers import (
@@ -64,6 +64,10 @@ def test_a_run_outlives_its_broker_and_is_charged_from_when_it_ran(tmp_path: Pat
     wait_for(lambda: h1.state().runs[run_id].status == "running", timeout_s=240, step=h1.poll, interval_s=0.5)
     # the broker stops here (h1 is never polled again); the job runs on
     h2 = CampaignHandle(d)  # the next broker: a new backend instance that knows only the submission id
+    # the cluster does not answer for a moment: the run stays in flight (asked again), not lost
+    backend, h2.backend = h2.backend, RayBackend(address="http://127.0.0.1:9", request_timeout_s=2)
+    assert any("backend unavailable" in e for e in h2.poll()) and h2.state().runs[run_id].status == "running"
+    h2.backend = backend
     wait_for(lambda: not h2.state().in_flight, timeout_s=240, step=h2.poll, interval_s=0.5)
     run = h2.state().runs[run_id]
     assert run.outcome == "ok" and run.verdict in ("calibration", "invalid"), run

@@ -21,7 +21,7 @@ import pytest
 
 from attune.spec import SpecError, parse_spec
 from broker.backends import get_backend
-from broker.backends.base import BackendError, JobSpec, JobState, JobStatus
+from broker.backends.base import BackendError, BackendUnavailable, JobSpec, JobState, JobStatus
 from broker.backends.ray import ENTRYPOINT, META_FILE, SCRIPT_FILE, START_MARK, RayBackend, submission_id
 from tests._ray_helpers import (
     RAY_ADDRESS,
@@ -147,8 +147,8 @@ def test_an_unreachable_cluster_is_a_clear_error(tmp_path: Path) -> None:
     b = RayBackend(address="http://127.0.0.1:9", request_timeout_s=5)
     with pytest.raises(BackendError, match=r"cannot reach the Ray cluster at http://127\.0\.0\.1:9"):
         b.submit(_spec(tmp_path / "run"))
-    with pytest.raises(BackendError, match="cannot reach the Ray cluster"):
-        b.status("attune-camp-r7")
+    with pytest.raises(BackendUnavailable, match="cannot reach the Ray cluster"):
+        b.status("attune-camp-r7")  # unknown, not lost: the broker asks again (up to control.hang_timeout_s)
 
 
 # ---- against a real Ray cluster ---------------------------------------------------------------------

@@ -45,7 +45,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from attune.spec import RayCluster
-from broker.backends.base import BackendError, JobSpec, JobState, JobStatus
+from broker.backends.base import BackendError, BackendUnavailable, JobSpec, JobState, JobStatus
 
 SCRIPT_FILE = "job.ray.sh"
 META_FILE = "ray_job.json"
@@ -146,7 +146,7 @@ class RayBackend:
         try:
             self._client = _Client(self.settings.address)
         except Exception as exc:
-            raise BackendError(
+            raise BackendUnavailable(
                 f"cannot reach the Ray cluster at {self.settings.address} (its dashboard / Jobs API): "
                 f"{_one_line(exc)}"
             ) from None
@@ -158,7 +158,8 @@ class RayBackend:
         except BackendError:
             raise
         except Exception as exc:
-            raise BackendError(f"Ray Jobs API at {self.settings.address}: {what} failed: {_one_line(exc)}") from None
+            cls = BackendUnavailable if _unreachable(exc) else BackendError
+            raise cls(f"Ray Jobs API at {self.settings.address}: {what} failed: {_one_line(exc)}") from None
 
     # ---- render ------------------------------------------------------------------------------------
 
@@ -458,8 +459,8 @@ class RayBackend:
         except Exception as exc:
             if "does not exist" in str(exc):
                 return None
-            raise BackendError(f"Ray Jobs API at {self.settings.address}: get_job_info {sid} failed: "
-                               f"{_one_line(exc)}") from None
+            cls = BackendUnavailable if _unreachable(exc) else BackendError
+            raise cls(f"Ray Jobs API at {self.settings.address}: get_job_info {sid} failed: {_one_line(exc)}") from None
 
     def _remember(self, sid: str, spec: JobSpec, run_dir: Path, info: Any, fresh: bool) -> None:
         with self._lock:
@@ -595,6 +596,15 @@ class RayBackend:
     def _check_id(self, backend_id: str) -> None:
         if not _SUBMISSION_ID.match(str(backend_id)):
             raise BackendError(f"not a Ray submission id of this backend: {backend_id!r}")
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """A failure to reach the cluster (connection refused or reset, a timeout), not an answer from it."""
+    try:
+        import requests
+    except ImportError:  # pragma: no cover - Ray's client depends on requests
+        return isinstance(exc, ConnectionError | TimeoutError)
+    return isinstance(exc, ConnectionError | TimeoutError | requests.ConnectionError | requests.Timeout)
 
 
 def _num(v: float) -> int | float:
