@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "campaign.schema.json"
 
-Backend = Literal["local", "slurm", "sim"]
+Backend = Literal["local", "slurm", "sim", "ray"]
 Framework = Literal["megatron-lm", "megatron-bridge", "torchtitan"]
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 ArgValue = str | int | float | bool | None
@@ -61,8 +61,84 @@ def check_env_names(v: dict[str, str]) -> dict[str, str]:
     return v
 
 
+# runtime_env fields a campaign may give its Ray jobs (an allowlist: anything else is refused).
+RAY_RUNTIME_ENV_FIELDS = ("env_vars", "working_dir", "py_modules", "pip", "uv", "conda", "image_uri", "py_executable")
+
+
+class RayRuntimeEnv(_Strict):
+    """The Ray runtime environment of every job of the campaign (fixed: no candidate changes it)."""
+
+    env_vars: dict[str, str] = Field(
+        default_factory=dict, description="environment variables set for the job on the cluster (RAY_* refused)"
+    )
+    working_dir: str | None = Field(
+        None, min_length=1,
+        description="code the job runs in: a remote URI (s3://, gs://, https://...zip) or a directory on the "
+        "broker's machine that Ray uploads; the job then starts there instead of control.workdir",
+    )
+    py_modules: list[str] = Field(default_factory=list, description="Python modules (URIs or local dirs) Ray ships")
+    pip: list[str] | None = Field(None, description="pip requirements Ray installs for the job")
+    uv: list[str] | None = Field(None, description="uv requirements Ray installs for the job")
+    conda: str | None = Field(None, min_length=1, description="name of a conda environment present on the nodes")
+    image_uri: str | None = Field(None, min_length=1, description="container image the job runs in (Ray's image_uri)")
+    py_executable: str | None = Field(None, min_length=1, description="the Python workers of the job use")
+
+    @field_validator("env_vars")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        check_env_names(v)
+        bad = [k for k in v if k.startswith(("RAY_", "ATTUNE_RAY_"))]
+        if bad:
+            raise ValueError(f"RAY_* and ATTUNE_RAY_* variables belong to Ray and the backend, got {bad}")
+        return v
+
+    def as_ray(self) -> dict[str, Any]:
+        """The runtime_env dict the Jobs API takes (unset fields left out)."""
+        return {k: v for k, v in self.model_dump().items() if v not in (None, [], {})}
+
+
+class RayCluster(_Strict):
+    """The Ray backend: which cluster (its Jobs API), what each job asks for, its runtime environment."""
+
+    address: str = Field(
+        "http://127.0.0.1:8265", pattern=r"^https?://[^\s/]+(/\S*)?$",
+        description="the cluster's dashboard (Jobs API) address, http(s)://host:port",
+    )
+    gpu_request: Literal["gpus", "none"] = Field(
+        "gpus", description="gpus: each job asks for gpus_per_node GPUs; none: CPU ranks (a CPU-only cluster)"
+    )
+    cpus_per_job: float | None = Field(
+        None, gt=0, description="CPUs each job asks for; default with gpu_request none: its ranks, else 1"
+    )
+    memory_gb: float | None = Field(None, gt=0, description="memory each job reserves (Ray's logical memory)")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="custom Ray resources each job asks for, e.g. accelerator_type:H100: 0.001"
+    )
+    label_selector: dict[str, str] = Field(
+        default_factory=dict, description="node labels each job's node must match (Ray label selector syntax)"
+    )
+    runtime_env: RayRuntimeEnv = Field(default_factory=RayRuntimeEnv)
+    placement_strategy: Literal["STRICT_SPREAD", "SPREAD", "PACK"] = Field(
+        "STRICT_SPREAD", description="multi-node jobs: how their per-node bundles are placed (STRICT_SPREAD: one a node)"
+    )
+    submission_id_prefix: str = Field(
+        "attune", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$", description="submission ids: <prefix>-<campaign>-<run>"
+    )
+    request_timeout_s: float = Field(30.0, gt=0, description="timeout of every request to the Jobs API")
+    stop_timeout_s: float = Field(60.0, gt=0, description="how long a cancel waits for Ray to report the job stopped")
+
+    @field_validator("resources")
+    @classmethod
+    def _resources(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = [k for k, n in v.items() if not k or k in ("CPU", "GPU", "memory") or n <= 0]
+        if bad:
+            raise ValueError(f"custom resources need a name other than CPU/GPU/memory and a positive amount, got {bad}")
+        return v
+
+
 class Cluster(_Strict):
-    """Where the jobs run. `settings` holds the backend's own options (slots, partition, ...)."""
+    """Where the jobs run. `settings` holds the backend's own options (slots, partition, ...); the ray
+    backend's are the typed `ray` section instead."""
 
     backend: Backend = Field(description="which broker backend runs the jobs")
     gpus: PositiveInt = Field(description="GPUs (on the local CPU backend: ranks) every job uses; pinned")
@@ -70,6 +146,21 @@ class Cluster(_Strict):
     accelerator: str = Field(min_length=1, description="accelerator kind, e.g. cpu, H100, H200, B200")
     price_per_gpu_hour: NonNegFloat = Field(0.0, description="price of one GPU-hour, for cost per million tokens")
     settings: dict[str, Any] = Field(default_factory=dict, description="backend-specific settings")
+    ray: RayCluster | None = Field(None, description="the ray backend's settings (cluster.backend: ray)")
+
+    @model_validator(mode="after")
+    def _ray_section(self) -> Cluster:
+        if self.ray is not None and self.backend != "ray":
+            raise ValueError(f"the ray section is for cluster.backend: ray, not {self.backend}")
+        if self.backend == "ray" and self.settings:
+            raise ValueError("the ray backend takes its settings from cluster.ray, not cluster.settings")
+        return self
+
+    def backend_settings(self) -> dict[str, Any]:
+        """What the backend is constructed with: `settings`, or the `ray` section for the ray backend."""
+        if self.backend == "ray":
+            return (self.ray or RayCluster()).model_dump()
+        return dict(self.settings)
 
     @model_validator(mode="after")
     def _gpus_fill_nodes(self) -> Cluster:

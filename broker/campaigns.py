@@ -22,7 +22,7 @@ from attune.campaign import record_assumption, record_stop
 from attune.launch import EARLY_ABORT_STEPS, Admission, Control, JobFacts, LaunchRequest
 from attune.state import CampaignState, RunState
 from broker.backends import get_backend
-from broker.backends.base import Backend, BackendError, JobSpec, JobState, JobStatus
+from broker.backends.base import Backend, BackendError, BackendUnavailable, JobSpec, JobState, JobStatus
 from broker.files import FileAccessError, FileTree, Root, compile_pattern, read_lines, search_file, tail_lines
 
 log = logging.getLogger("attune.broker")
@@ -43,10 +43,11 @@ class CampaignHandle:
         self.dir = self.control.dir
         self.spec = self.control.spec
         self.name = self.spec.name
-        self.backend: Backend = backend or get_backend(self.spec.cluster.backend, dict(self.spec.cluster.settings))
+        self.backend: Backend = backend or get_backend(self.spec.cluster.backend, self.spec.cluster.backend_settings())
         self.image = self._image_tree()
         self._lock = threading.RLock()
         self._finishing: set[str] = set()
+        self._unreachable_since: dict[str, float] = {}  # run id -> when the backend first did not answer
         self._identity = self._first_row_hash()
 
     def _first_row_hash(self) -> str | None:
@@ -176,9 +177,17 @@ class CampaignHandle:
             return []
         try:
             st = self.backend.status(run.backend_id)
+        except BackendUnavailable as exc:
+            since = self._unreachable_since.setdefault(run.run_id, time.time())
+            if time.time() - since < self.spec.control.hang_timeout_s:
+                return [f"{run.run_id}: backend unavailable, asking again ({exc})"]
+            self.control.finish(run.run_id, JobFacts(state="infrastructure", reason=(
+                f"the backend did not answer for {time.time() - since:.0f} s: {exc}")))
+            return [f"{run.run_id}: lost with the backend"]
         except BackendError as exc:
             self.control.finish(run.run_id, JobFacts(state="infrastructure", reason=f"backend lost the job: {exc}"))
             return [f"{run.run_id}: lost by the backend"]
+        self._unreachable_since.pop(run.run_id, None)
         events: list[str] = []
         if st.started_at is not None and run.status == "admitted":
             self.control.record_started(run.run_id, st.started_at, st.nodes)

@@ -475,9 +475,9 @@ def build_broker(campaign_dirs: list[Path], state_dir: Path | None = None,
             from attune.spec import load_spec
 
             spec = load_spec(d / "campaign.yaml")
-            key = json.dumps([spec.cluster.backend, spec.cluster.settings], sort_keys=True, default=str)
+            key = json.dumps([spec.cluster.backend, spec.cluster.backend_settings()], sort_keys=True, default=str)
             if key not in backends:
-                backends[key] = get_backend(spec.cluster.backend, dict(spec.cluster.settings))
+                backends[key] = get_backend(spec.cluster.backend, spec.cluster.backend_settings())
             h = CampaignHandle(d, backend=backends[key])
         except (SpecError, ControlError, LedgerError, BackendError, TypeError) as exc:
             raise BrokerError(f"campaign {d}: {exc}") from None

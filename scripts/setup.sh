@@ -11,4 +11,6 @@ fi
 # Pin torch: an unpinned torch pulls a multi-gigabyte CUDA build; 2.13.0 is the CPU build.
 .venv/bin/python -m pip install -q "torch==2.13.0"
 .venv/bin/python -m pip install -q -e ".[dev,examples]"
+# The ray backend's extra (Ray's Jobs API client, and Ray for the one-machine test cluster of scripts/start-ray.sh).
+.venv/bin/python -m pip install -q -e ".[ray]"
 echo "attune set up in .venv ($(.venv/bin/attune --version))"

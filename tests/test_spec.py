@@ -69,7 +69,7 @@ BAD_CASES = [
     ("window past steps", "workload.window", [4, 14], "workload", "outside the run's steps 0..13"),
     ("window reversed", "workload.window", [9, 3], "workload", "0 <= first <= last"),
     ("negative budget", "budget.gpu_hours", -1.0, "budget.gpu_hours", "greater than 0"),
-    ("unknown backend", "cluster.backend", "kubernetes-ish", "cluster.backend", "'local', 'slurm' or 'sim'"),
+    ("unknown backend", "cluster.backend", "kubernetes-ish", "cluster.backend", "'local', 'slurm', 'sim' or 'ray'"),
     ("unknown framework", "framework", "deepspeed", "framework", "'megatron-lm'"),
     ("too few calibration runs", "calibration.runs", 3, "calibration.runs", "greater than or equal to 5"),
     ("flag without dashes", "baseline.args", {"lr": 1}, "baseline.args", "--flag-name"),

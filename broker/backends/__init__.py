@@ -15,6 +15,7 @@ _BACKENDS = {
     "local": ("broker.backends.local", "LocalBackend"),
     "slurm": ("broker.backends.slurm", "SlurmBackend"),
     "sim": ("broker.backends.sim", "SimBackend"),
+    "ray": ("broker.backends.ray", "RayBackend"),
 }
 
 

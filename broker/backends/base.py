@@ -18,6 +18,11 @@ class BackendError(Exception):
     """The backend could not do what was asked (submission refused, unknown job, ...)."""
 
 
+class BackendUnavailable(BackendError):
+    """The cluster did not answer (a dashboard restarting, a network blip): the job's state is unknown, not lost.
+    The broker asks again at its next poll, and gives the job up only after `control.hang_timeout_s`."""
+
+
 class JobState(enum.StrEnum):
     PENDING = "pending"  # queued, not started: never charged
     RUNNING = "running"
