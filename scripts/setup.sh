@@ -10,5 +10,5 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 # Pin torch: an unpinned torch pulls a multi-gigabyte CUDA build; 2.13.0 is the CPU build.
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[dev,examples]"
+.venv/bin/python -m pip install -q -e ".[dev,examples,ttb]"
 echo "attune set up in .venv ($(.venv/bin/attune --version))"
