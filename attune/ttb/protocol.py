@@ -56,6 +56,7 @@ TTB_V1_LOCAL = Protocol(
 )
 PROTOCOLS: dict[str, Protocol] = {p.id: p for p in (TTB_V1, TTB_V1_LOCAL)}
 DATA_ARGS = ("--data-path", "--train-data-path")
+PUBLIC_RECIPE = "public-recipe.yaml"
 # Structural changes a model's public recipe needs to run the protocol's workload at all, by model and
 # accelerator: each is listed in the entry's diff from the public recipe.
 FIT_CHANGES: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
@@ -169,6 +170,8 @@ def write_campaign(base_campaign: str | Path, out_dir: str | Path, protocol: Pro
     list_text = (f"# {base['model']}'s correctness list with the {protocol.id} workload pins (written by attune ttb "
                  "template)\n" + yaml.safe_dump(glist, sort_keys=False))
     (out / "gate-list.yaml").write_text(list_text, encoding="utf-8")
+    # The model's public recipe, as the template's source campaign: an entry's diff is taken against it.
+    (out / PUBLIC_RECIPE).write_text(base_path.read_text(encoding="utf-8"), encoding="utf-8")
     spec = template(base, protocol, data)
     gate = dict(spec.get("gate") or {})
     gate.pop("list_sha256", None)

@@ -54,9 +54,10 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-").lower()
 
 
-def _diff(public: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
+def diff_args(public: dict[str, Any], entry: dict[str, Any], skip: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
+    """flag -> {public, entry} for each argument that differs (absent and false/null are the same)."""
     out = {}
-    for k in sorted(set(public) | set(entry)):
+    for k in sorted((set(public) | set(entry)) - set(skip)):
         a, b = public.get(k), entry.get(k)
         if a != b and not (a in (None, False) and b in (None, False)):
             out[k] = {"public": a, "entry": b}
@@ -189,11 +190,17 @@ def submit(campaign_dir: str | Path, out_root: str | Path, prices: PriceTable, *
         args = dict(recipe.get("args") or {})
         public_args: dict[str, Any] = dict(spec.baseline.args)
         public_src = f"the campaign's baseline ({spec.name})"
+        if public_recipe is None and (d / proto.PUBLIC_RECIPE).is_file():
+            public_recipe = d / proto.PUBLIC_RECIPE
         if public_recipe is not None:
             from attune.spec import load_spec as _ls
 
-            pub = _ls(public_recipe)
-            public_args, public_src = dict(pub.baseline.args), f"{Path(public_recipe)} ({pub.name})"
+            try:
+                pub = _ls(public_recipe)
+            except SpecError as exc:
+                raise SubmitRefused(f"the public recipe {public_recipe} does not validate: {exc.problems[0]}") from None
+            public_args, public_src = dict(pub.baseline.args), f"{pub.name} ({Path(public_recipe).name})"
+            put(Path(public_recipe), "evidence/public-recipe.yaml")
         label = SIM_LABEL if sim else None
         if not protocol.comparable:
             label = (label + "; " if label else "") + f"{protocol.id}: CPU-example scale, not comparable with ttb-v1"
@@ -209,7 +216,7 @@ def submit(campaign_dir: str | Path, out_root: str | Path, prices: PriceTable, *
             recipe=Recipe(command=list(recipe.get("command") or spec.baseline.command), args=args,
                           env=dict(recipe.get("env") or {}),
                           changes_from_campaign_baseline=dict(shipped_row.get("changes") or {}),
-                          diff_from_public_recipe=_diff(public_args, args), public_recipe=public_src,
+                          diff_from_public_recipe=diff_args(public_args, args, set(spec.control.stack_fixes.args)), public_recipe=public_src,
                           script="recipe/run.sh"),
             throughput=Throughput(
                 tokens_per_s_per_gpu=tps, runs=[str(r["run_id"]) for r in valid],

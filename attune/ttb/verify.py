@@ -161,6 +161,13 @@ def verify_entry(directory: str | Path, *, entry: Entry | None = None) -> EntryR
             probs.append("environment differs from the ledger's shipped recipe")
         if dict(shipped.get("changes") or {}) != e.recipe.changes_from_campaign_baseline:
             probs.append("changes differ from the ledger's shipped row")
+        from attune.spec import load_spec
+        from attune.ttb.submit import diff_args
+
+        pub = ev / "public-recipe.yaml"
+        public_args = dict(load_spec(pub).baseline.args) if pub.is_file() else dict(spec.baseline.args)
+        if diff_args(public_args, e.recipe.args, set(spec.control.stack_fixes.args)) != e.recipe.diff_from_public_recipe:
+            probs.append("the diff from the public recipe does not follow from the stored public recipe")
         if probs:
             raise _Fail("; ".join(probs))
         return f"{len(e.recipe.args)} arguments match the ledger's shipped recipe ({shipped_id})", None
