@@ -392,3 +392,26 @@ def test_the_committed_seed_entries_verify() -> None:
     assert entries
     r = _cli("ttb", "verify", *map(str, entries), "--json")
     assert r.returncode == 0, r.stdout[-3000:]
+
+
+def test_the_broker_mcp_server_gives_the_best_known_recipe_as_a_prior(entry: Path, campaign: Path) -> None:
+    import asyncio
+
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    env = {"ATTUNE_CAMPAIGN_DIR": str(campaign), "ATTUNE_TTB_ENTRIES": str(entry.parent), "PYTHONPATH": str(ROOT),
+           "PATH": __import__("os").environ["PATH"]}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "mcp_servers.broker_server"], env=env,
+                                   cwd=str(ROOT))
+
+    async def go() -> tuple[dict, dict]:
+        async with Client(params, read_timeout_seconds=90) as client:
+            real = (await client.call_tool("ttb_best_known_recipe", {})).structured_content
+            sim = (await client.call_tool("ttb_best_known_recipe", {"include_simulated": True})).structured_content
+            return real, sim
+
+    real, sim = asyncio.run(go())
+    assert real["found"] is False and "no verified TTB entry for mixtral-8x22b on H100" in real["reason"]
+    assert sim["found"] and sim["entry_id"] == entry.name and SIM_LABEL in sim["label"]
+    assert sim["args"] == load_entry(entry).recipe.args and "measures it" in sim["note"]
