@@ -415,3 +415,14 @@ def test_the_broker_mcp_server_gives_the_best_known_recipe_as_a_prior(entry: Pat
     assert real["found"] is False and "no verified TTB entry for mixtral-8x22b on H100" in real["reason"]
     assert sim["found"] and sim["entry_id"] == entry.name and SIM_LABEL in sim["label"]
     assert sim["args"] == load_entry(entry).recipe.args and "measures it" in sim["note"]
+
+
+def test_build_refuses_to_replace_a_directory_that_is_not_a_build(entry: Path, tmp_path: Path) -> None:
+    keep = tmp_path / "mine"
+    keep.mkdir()
+    (keep / "notes.txt").write_text("mine")
+    r = _cli("ttb", "build", str(entry), "--out", str(keep))
+    assert r.returncode == 2 and "not an earlier leaderboard build" in r.stderr
+    assert (keep / "notes.txt").read_text() == "mine"
+    assert _cli("ttb", "build", str(entry), "--out", str(tmp_path / "site")).returncode == 0
+    assert _cli("ttb", "build", str(entry), "--out", str(tmp_path / "site")).returncode == 0  # a rebuild replaces it

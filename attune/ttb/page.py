@@ -80,6 +80,13 @@ def rank(listed: list[Listed]) -> tuple[list[Listed], list[tuple[Listed, str]]]:
 
 def build(paths: list[Path], out: str | Path, prices: PriceTable, *, now: datetime | None = None) -> dict[str, Any]:
     out_dir = Path(out)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        try:
+            previous = json.loads((out_dir / "index.json").read_text(encoding="utf-8")).get("schema")
+        except (OSError, ValueError, AttributeError):
+            previous = None
+        if previous != INDEX_SCHEMA:
+            raise ValueError(f"--out {out_dir}: exists and is not an earlier leaderboard build; refusing to replace it")
     listed, refused = [], []
     for p in paths:
         e = load_entry(p)

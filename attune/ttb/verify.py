@@ -64,7 +64,11 @@ def _close(a: float | None, b: float | None, tol: float = REL_TOL) -> bool:
 
 
 def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 class _Fail(Exception):
@@ -98,6 +102,8 @@ def verify_entry(directory: str | Path, *, entry: Entry | None = None) -> EntryR
                 bad.append(f"{rel}: missing")
             elif _sha256(p) != digest:
                 bad.append(f"{rel}: SHA-256 differs")
+        if e.recipe.script not in e.files:
+            bad.append(f"recipe.script {e.recipe.script!r} is not one of the entry's files")
         listed = set(e.files) | {ENTRY_FILE}
         extra = sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file() and str(p.relative_to(d)) not in listed)
         bad += [f"{x}: not listed in the entry" for x in extra]
