@@ -172,7 +172,10 @@ def _cell(key: str, r: dict[str, Any]) -> tuple[str, str]:
         ch = r.get("changes") or {}
         if not ch:
             return "", "none"
-        items = "".join(f"<li><code>{_e(k)}</code> {_e(d.get('public'))} &rarr; {_e(d.get('entry'))}</li>"
+        def show(x: Any) -> str:
+            return "<i>unset</i>" if x is None else _e(x)
+
+        items = "".join(f"<li><code>{_e(k)}</code> {show(d.get('public'))} &rarr; {show(d.get('entry'))}</li>"
                         for k, d in ch.items())
         return _e(" ".join(ch)), f"<ul>{items}</ul>"
     if key == "gate_passed":
