@@ -426,3 +426,40 @@ def test_build_refuses_to_replace_a_directory_that_is_not_a_build(entry: Path, t
     assert (keep / "notes.txt").read_text() == "mine"
     assert _cli("ttb", "build", str(entry), "--out", str(tmp_path / "site")).returncode == 0
     assert _cli("ttb", "build", str(entry), "--out", str(tmp_path / "site")).returncode == 0  # a rebuild replaces it
+
+
+def test_rows_of_the_protocol_length_with_a_real_tokenizer(tmp_path: Path) -> None:
+    res = wl.build_rows(tmp_path, tokenizer=wl.SAMPLE_TOKENIZER, seq_length=proto.TTB_V1.seq_length, num_rows=2,
+                        conversations=wl.SAMPLE_CONVERSATIONS, repeat=True, protocol="ttb-v1")
+    rows = wl.Rows(tmp_path)
+    assert res.num_rows == 2 and rows.row(1).shape == (8192,) and rows.manifest["source"]["repeated"]
+    with pytest.raises(wl.WorkloadError, match="rows of 8192 tokens, 3 are needed"):
+        wl.build_rows(tmp_path / "short", tokenizer=wl.SAMPLE_TOKENIZER, seq_length=8192, num_rows=3,
+                      conversations=wl.SAMPLE_CONVERSATIONS)
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "examples" / "campaigns").iterdir()
+                                           if (p / "campaign.yaml").is_file() and "tinygpt" not in p.name))
+def test_every_example_campaign_has_a_ttb_template(example: str, tmp_path: Path) -> None:
+    from attune.spec import load_spec
+    from gate.lists import load_list
+
+    out = proto.write_campaign(ROOT / "examples" / "campaigns" / example, tmp_path / example)
+    spec = load_spec(out)
+    assert proto.match(spec)[0] is proto.TTB_V1
+    assert spec.baseline.args["--seq-length"] == 8192 and spec.baseline.args["--global-batch-size"] == 128
+    load_list(out / "gate-list.yaml", expected_sha256=spec.gate.list_sha256)
+    assert (out / proto.PUBLIC_RECIPE).read_bytes() == (ROOT / "examples" / "campaigns" / example /
+                                                        "campaign.yaml").read_bytes()
+
+
+def test_the_committed_entry_schema_is_current() -> None:
+    import jsonschema
+
+    from attune.ttb.entry import SCHEMA_PATH, schema_text
+
+    assert SCHEMA_PATH.read_text() == schema_text(), "run `attune ttb schema --write`"
+    schema = json.loads(SCHEMA_PATH.read_text())
+    for p in (ROOT / "ttb" / "entries").iterdir():
+        if (p / "entry.json").is_file():
+            jsonschema.validate(json.loads((p / "entry.json").read_text()), schema)
