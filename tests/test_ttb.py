@@ -394,6 +394,73 @@ def test_the_committed_seed_entries_verify() -> None:
     assert r.returncode == 0, r.stdout[-3000:]
 
 
+def _entry_dirs() -> list[Path]:
+    return sorted(p for p in (ROOT / "ttb" / "entries").iterdir() if (p / "entry.json").is_file())
+
+
+def test_machine_paths_become_relative_or_placeholders(tmp_path: Path) -> None:
+    from attune.ttb.paths import Relocator, absolute_paths
+
+    camp, repo = tmp_path / "camp", tmp_path / "repo"
+    camp.mkdir()
+    repo.mkdir()
+    r = Relocator(camp, repo, repo)
+    assert r.text(f"--run-dir {camp}/runs/r001 in {camp}/ and {camp}") == "--run-dir runs/r001 in . and ."
+    assert r.text(f"{tmp_path}/camp-2/x") == f"{tmp_path}/camp-2/x"  # a sibling sharing the prefix is left alone
+    assert r.obj({"workdir": str(repo), "argv": [f"{repo}/examples/t.py", f"--x={camp}/a"]}) == {
+        "workdir": "${ATTUNE_REPO}", "argv": ["${ATTUNE_REPO}/examples/t.py", "--x=a"]}
+    assert r.cd_line() == 'cd "${ATTUNE_REPO:-.}"'
+    inner = repo / "c"  # a campaign inside the checkout: the longer prefix wins
+    inner.mkdir()
+    assert Relocator(inner, repo, repo).text(f"{inner}/runs/r1 {repo}/x") == "runs/r1 ${ATTUNE_REPO}/x"
+    elsewhere = Relocator(camp, tmp_path / "wd", repo)
+    assert elsewhere.text(f"{tmp_path}/wd/a") == "${ATTUNE_WORKDIR}/a" and "ATTUNE_WORKDIR" in elsewhere.cd_line()
+    assert absolute_paths(f"#!/bin/sh\ncd {repo}\n") == [str(repo)]
+    assert absolute_paths("#!/bin/sh\ncd ${ATTUNE_REPO}/x; 3 tokens/s/GPU; see http://host/a/b\n") == []
+
+
+def test_no_entry_file_holds_a_machine_path(entry: Path, campaign: Path) -> None:
+    """Neither the committed seeds nor a fresh entry carry a path of the machine they came from: only the
+    documented placeholders (docs/ttb.md) and paths relative to the campaign directory."""
+    import re
+
+    from attune.ttb.paths import PLACEHOLDERS, absolute_paths
+
+    # the campaign itself records its machine's paths (the jobs' working directory), so this can fail
+    assert str(ROOT) in (campaign / "shipped" / "job.json").read_text()
+    for d in [*_entry_dirs(), entry]:
+        for f in sorted(p for p in d.rglob("*") if p.is_file()):
+            text = f.read_text(encoding="utf-8", errors="replace")
+            assert absolute_paths(text) == [], f"{f.relative_to(d.parent)}: {absolute_paths(text)[:3]}"
+            if f.name != "run.sh":
+                assert set(re.findall(r"\$\{[A-Z_]+\}", text)) <= set(PLACEHOLDERS), f
+    job = json.loads((entry / "recipe" / "job.json").read_text())
+    assert job["workdir"] == "${ATTUNE_REPO}" and job["run_dir"] == "shipped/run"
+    e = load_entry(entry)
+    assert e.ledger.source_last_hash == ledger.verify(campaign).last_hash
+
+
+def test_the_seed_recipe_script_runs_from_a_users_checkout(tmp_path: Path) -> None:
+    """The tinygpt seed's run.sh, with a stand-in `python` that records where and how it was run."""
+    import os
+
+    script = next((ROOT / "ttb" / "entries").glob("tinygpt-*/recipe/run.sh"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text('#!/bin/sh\npwd > "$OUT"\nprintf "%s\\n" "$@" >> "$OUT"\n')
+    os.chmod(bin_dir / "python", 0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(tmp_path / "out"), "RUN_DIR": str(tmp_path / "run")}
+    for cwd, extra in ((tmp_path, {"ATTUNE_REPO": str(ROOT)}), (ROOT, {})):  # named, or the current directory
+        r = subprocess.run(["sh", str(script)], cwd=cwd, env={**env, **extra}, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr
+        where, *argv = (tmp_path / "out").read_text().splitlines()
+        assert Path(where) == ROOT
+        assert (ROOT / next(a for a in argv if a.endswith(".py"))).is_file()
+        assert (ROOT / argv[argv.index("--data-path") + 1]).is_dir()
+        assert argv[argv.index("--run-dir") + 1] == str(tmp_path / "run")
+
+
 def test_the_broker_mcp_server_gives_the_best_known_recipe_as_a_prior(entry: Path, campaign: Path) -> None:
     import asyncio
 

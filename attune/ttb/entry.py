@@ -90,6 +90,9 @@ class LedgerHead(_Strict):
     last_hash: str
     authenticated: bool = Field(False, description="an HMAC over the head, where the ledger has a key")
     mac: str | None = None
+    source_last_hash: str | None = Field(
+        None, description="the campaign's own ledger head, before submit made its paths relative (attune.ttb.paths) "
+        "and rebuilt the chain; the same as last_hash when the ledger held no machine path")
 
 
 class Entry(_Strict):

@@ -120,7 +120,11 @@ def submit(campaign_dir: str | Path, out_root: str | Path, prices: PriceTable, *
     if missing:
         raise SubmitRefused(f"evidence missing: no log for run(s) {', '.join(missing)}")
 
-    head = ledger_head(d)
+    source_head = ledger_head(d)
+    from attune.launch import SOURCE_ROOT
+    from attune.ttb.paths import Relocator
+
+    reloc = Relocator(d, (d / spec.control.workdir).resolve() if spec.control.workdir else SOURCE_ROOT, SOURCE_ROOT)
     tps = statistics.fmean(float(r["tokens_per_s_per_gpu"]) for r in valid)
     base_tps = statistics.fmean(base_vals) if base_vals else None
     price = prices.per_gpu_hour.get(spec.cluster.accelerator)
@@ -129,35 +133,45 @@ def submit(campaign_dir: str | Path, out_root: str | Path, prices: PriceTable, *
     peak = peak_flops(spec.cluster.accelerator, spec.workload.precision)
     mfu = (spec.workload.flops_per_token * tps / peak) if (peak and spec.workload.flops_per_token) else None
     sim = spec.cluster.backend == "sim"
-    entry_id = _slug(f"{spec.model}-{spec.cluster.accelerator}x{spec.cluster.gpus}-{protocol.id}-{head['last_hash'][:10]}")
-
     out_root = Path(out_root)
     out_root.mkdir(parents=True, exist_ok=True)
-    final = out_root / entry_id
-    if final.exists():
-        raise SubmitRefused(f"{final} exists: this campaign was already submitted")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{entry_id}.", dir=out_root))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{_slug(spec.model)}.", dir=out_root))
     os.chmod(tmp, 0o755)
     try:
         files: dict[str, str] = {}
 
         def put(src: Path | None, rel: str, text: str | None = None) -> None:
+            """Copy `src` (its machine paths rewritten: attune.ttb.paths), or write `text`."""
             dst = tmp / rel
             dst.parent.mkdir(parents=True, exist_ok=True)
+            if text is None:
+                assert src is not None
+                if rel.endswith(".json"):
+                    text = reloc.json_file(src)
+                elif rel.endswith(".txt"):
+                    text = reloc.text(src.read_text(encoding="utf-8", errors="surrogateescape"))
             if text is not None:
-                dst.write_text(text, encoding="utf-8")
+                dst.write_text(text, encoding="utf-8", errors="surrogateescape")
             else:
                 assert src is not None
-                shutil.copyfile(src, dst)
+                shutil.copyfile(src, dst)  # the spec, the lists, the public recipe: pinned by hash, kept as written
             files[rel] = sha256_file(dst)
 
-        put(d / shipping.SHIPPED_DIR / "run.sh", "recipe/run.sh")
+        put(None, "recipe/run.sh", reloc.run_sh(d / shipping.SHIPPED_DIR / "run.sh"))
         os.chmod(tmp / "recipe/run.sh", 0o755)
         job_json = d / shipping.SHIPPED_DIR / "job.json"
         if job_json.is_file():
             put(job_json, "recipe/job.json")
         put(d / "campaign.yaml", "evidence/campaign.yaml")
-        put(d / ledger.LEDGER_NAME, "evidence/ledger.jsonl")
+        put(None, "evidence/ledger.jsonl", reloc.ledger_file(d / ledger.LEDGER_NAME))
+        head = ledger_head(tmp / "evidence")
+        if head["rows"] != source_head["rows"]:
+            raise SubmitRefused("the ledger changed while it was being copied; submit again")
+        head["source_last_hash"] = source_head["last_hash"]
+        entry_id = _slug(f"{spec.model}-{spec.cluster.accelerator}x{spec.cluster.gpus}-{protocol.id}-{head['last_hash'][:10]}")
+        final = out_root / entry_id
+        if final.exists():
+            raise SubmitRefused(f"{final} exists: this campaign was already submitted")
         put(ev_path, "evidence/shipped-evidence.json")
         from attune.launch import load_gate_list
 
@@ -174,7 +188,7 @@ def submit(campaign_dir: str | Path, out_root: str | Path, prices: PriceTable, *
         for role, rid in (("baseline", ref.run_id if ref else None), ("candidate", cand_check)):
             if not rid:
                 continue
-            log = d / "runs" / str(rid) / "log.txt"
+            log = tmp / "evidence" / "runs" / str(rid) / "log.txt"  # as the entry holds it
             curves[role] = str(rid)
             put(None, f"evidence/curves/{role}.json",
                 json.dumps({"run_id": rid, "loss": curve_to_json(logparse.read_losses(log))}, indent=1) + "\n")
@@ -185,7 +199,7 @@ def submit(campaign_dir: str | Path, out_root: str | Path, prices: PriceTable, *
             put(None, f"evidence/resolved/{role}.json", json.dumps({"run_id": rid, "args": resolved},
                                                                     indent=1, sort_keys=True) + "\n")
 
-        shipped_row = state.shipped
+        shipped_row = reloc.obj(state.shipped)
         recipe = shipped_row.get("recipe") or {}
         args = dict(recipe.get("args") or {})
         public_args: dict[str, Any] = dict(spec.baseline.args)
