@@ -119,9 +119,17 @@ def campaign(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
+@pytest.fixture(scope="module")
+def submitted(campaign: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The module campaign's entry, submitted once; tests get a copy (`entry`)."""
+    path, _ = submit(campaign, tmp_path_factory.mktemp("ttb-entries") / "entries", load_prices())
+    return path
+
+
 @pytest.fixture
-def entry(campaign: Path, tmp_path: Path) -> Path:
-    path, _ = submit(campaign, tmp_path / "entries", load_prices())
+def entry(submitted: Path, tmp_path: Path) -> Path:
+    path = tmp_path / "entries" / submitted.name
+    shutil.copytree(submitted, path)
     return path
 
 
@@ -169,7 +177,9 @@ def test_submit_refuses_a_campaign_without_the_ttb_workload(tmp_path: Path) -> N
     d = tmp_path / "plain"
     d.mkdir()
     shutil.copy(MIXTRAL / "campaign.yaml", d / "campaign.yaml")
-    assert _cli("init", str(d)).returncode == 0
+    from attune.campaign import start
+
+    start(d)  # what `attune init` does
     r = _cli("ttb", "submit", str(d), "--entries", str(tmp_path / "entries"), "--json")
     assert r.returncode == 1
     out = json.loads(r.stdout)
@@ -198,9 +208,9 @@ def test_submit_refuses_a_recipe_that_did_not_pass_the_gate(campaign: Path, tmp_
 
     _rechain(d / "ledger.jsonl", fail)
     assert ledger.verify(d).ok
-    r = _cli("ttb", "submit", str(d), "--entries", str(tmp_path / "entries"), "--json")
-    assert r.returncode == 1 and "did not pass the correctness gate" in json.loads(r.stdout)["reason"]
-    assert "final loss differs" in json.loads(r.stdout)["reason"]
+    with pytest.raises(SubmitRefused, match="did not pass the correctness gate.*final loss differs"):
+        submit(d, tmp_path / "entries", load_prices())
+    assert not (tmp_path / "entries").exists() or not any((tmp_path / "entries").iterdir())
 
 
 def _edit_entry(entry: Path, fn) -> None:  # noqa: ANN001
@@ -209,18 +219,23 @@ def _edit_entry(entry: Path, fn) -> None:  # noqa: ANN001
     (entry / "entry.json").write_text(json.dumps(data, indent=2))
 
 
-def _failed(entry: Path) -> dict[str, str]:
+def _failed(entry: Path, cli: bool = False) -> dict[str, str]:
+    """The items that fail, from `attune ttb verify --json` (cli) or in process (the same function)."""
+    if not cli:
+        rep = verify_entry(entry)
+        assert not rep.ok
+        return {i.item: i.detail for i in rep.failed}
     r = _cli("ttb", "verify", str(entry), "--json")
     assert r.returncode == 1, r.stdout + r.stderr
-    rep = json.loads(r.stdout)["entries"][0]
-    return {i["item"]: i["detail"] for i in rep["items"] if not i["ok"]}
+    out = json.loads(r.stdout)["entries"][0]
+    return {i["item"]: i["detail"] for i in out["items"] if not i["ok"]}
 
 
 def test_verify_catches_a_tampered_throughput(entry: Path) -> None:
     _edit_entry(entry, lambda d: d["throughput"].update(
         tokens_per_s_per_gpu=d["throughput"]["tokens_per_s_per_gpu"] * 1.08,
         values=[v * 1.08 for v in d["throughput"]["values"]]))
-    failed = _failed(entry)
+    failed = _failed(entry, cli=True)
     assert "throughput" in failed and "its log gives" in failed["throughput"]
 
 
@@ -491,8 +506,12 @@ def test_build_refuses_to_replace_a_directory_that_is_not_a_build(entry: Path, t
     r = _cli("ttb", "build", str(entry), "--out", str(keep))
     assert r.returncode == 2 and "not an earlier leaderboard build" in r.stderr
     assert (keep / "notes.txt").read_text() == "mine"
-    assert _cli("ttb", "build", str(entry), "--out", str(tmp_path / "site")).returncode == 0
-    assert _cli("ttb", "build", str(entry), "--out", str(tmp_path / "site")).returncode == 0  # a rebuild replaces it
+    from attune.ttb.page import build
+
+    build([entry], tmp_path / "site", load_prices())
+    (tmp_path / "site" / "stale.txt").write_text("from the last build")
+    index = build([entry], tmp_path / "site", load_prices())  # a rebuild replaces it
+    assert [r["id"] for r in index["leaderboard"]] == [entry.name] and not (tmp_path / "site" / "stale.txt").exists()
 
 
 def test_rows_of_the_protocol_length_with_a_real_tokenizer(tmp_path: Path) -> None:
