@@ -189,9 +189,9 @@ class Broker:
         return tuple(stamps)
 
     def _monitor_loop(self) -> None:
-        """Poll at the campaigns' interval while anything happens; when idle (nothing in flight, no
-        request for IDLE_AFTER_S, the ledgers unchanged) back off to IDLE_POLL_S and skip the pass, which
-        reads every ledger. A request wakes the loop at once."""
+        """Poll at the campaigns' interval while anything happens. Idle (no request for IDLE_AFTER_S, and
+        the last pass logged nothing, wrote nothing and found nothing in flight), wake every IDLE_POLL_S
+        and skip the pass, which reads every ledger, until a ledger changes. A request wakes it at once."""
         base = min(h.spec.control.poll_interval_s for h in self.handles.values())
         interval, idle, stamps = base, False, None
         while True:
@@ -201,17 +201,17 @@ class Broker:
                 return
             now = time.monotonic()
             quiet = now - self.last_request > min(IDLE_AFTER_S, self.idle_exit_s or IDLE_AFTER_S)
-            new_stamps = self._ledger_stamps()
-            if idle and quiet and new_stamps == stamps:
+            before = self._ledger_stamps()
+            if idle and quiet and before == stamps:
                 interval = max(base, IDLE_POLL_S)
             else:
-                events = 0
+                busy = True
                 try:
-                    events = self.poll_once()
+                    busy = self.poll_once() > 0 or any(h.state().in_flight for h in self.handles.values())
                 except Exception:
                     log.exception("monitor pass failed")
                 stamps = self._ledger_stamps()
-                idle = quiet and not events and not any(h.state().in_flight for h in self.handles.values())
+                idle = quiet and not busy and stamps == before  # a pass that changed nothing
                 interval = max(base, IDLE_POLL_S) if idle else base
             if idle and self.idle_exit_s is not None and now - self.last_request > self.idle_exit_s \
                     and self.on_idle is not None:
