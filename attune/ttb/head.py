@@ -3,6 +3,9 @@
 Today the head is the hash chain's last row hash and the row count (`attune.ledger.verify`). When
 the ledger gains a key (an HMAC over the chain, kept outside the campaign directory), `ledger_head`
 adds the MAC and sets `authenticated`; `check_head` then also checks the MAC where the key is known.
+An entry's ledger has its machine paths rewritten and its chain rebuilt (`attune.ttb.paths`): its
+`last_hash` is the rebuilt chain's, and `source_last_hash` the campaign's own head, which is the one a
+MAC would cover.
 """
 
 from __future__ import annotations
