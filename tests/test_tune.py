@@ -29,8 +29,10 @@ def _tune(d: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedPro
 
 
 def _stop_broker(d: Path) -> None:
-    subprocess.run([sys.executable, "-m", "attune", "broker", "stop", str(d)], capture_output=True, cwd=ROOT,
-                   timeout=60)
+    """A broker `attune tune` did not stop (one started by a killed command) stops here."""
+    from broker.client import stop_local_broker
+
+    stop_local_broker(d)
 
 
 def _brokers(d: Path) -> list[int]:
