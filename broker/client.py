@@ -13,9 +13,11 @@ import contextlib
 import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,6 +112,65 @@ def ensure_local_broker(campaign_dir: Path | str, *, idle_exit_s: float = DEFAUL
             time.sleep(0.1)
         proc.terminate()
         raise BrokerUnavailable(f"the local broker did not come up within {timeout_s:g} s (log: {log_path})")
+
+
+def _gone(pid: int) -> bool:
+    """True once `pid` has exited (reaped here when it is this process's child, or a zombie)."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return True
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def stop_local_broker(campaign_dir: Path | str, *, timeout_s: float = 15.0) -> int | None:
+    """Stop the broker serving the campaign (SIGTERM, then SIGKILL after `timeout_s`); its pid, or None."""
+    d = Path(campaign_dir).resolve()
+    ep = running_broker(d)
+    if not ep or not isinstance(ep.get("pid"), int):
+        return None
+    pid = int(ep["pid"])
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return None
+    deadline = time.monotonic() + timeout_s
+    while not _gone(pid):
+        if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 5.0
+            while not _gone(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            break
+        time.sleep(0.05)
+    return pid
+
+
+@contextlib.contextmanager
+def stops_the_broker_it_starts(campaign_dir: Path | str) -> Iterator[None]:
+    """Around a command that may start the campaign's local broker (`attune tune`, `attune demo`):
+    on the way out (normal end, failure, KeyboardInterrupt) stop the local broker serving the campaign,
+    unless one was already running when the command began (a Claude Code session may be using it) or
+    the broker is a shared one named by ATTUNE_BROKER_URL."""
+    shared = bool(os.environ.get("ATTUNE_BROKER_URL"))
+    found = shared or running_broker(Path(campaign_dir).resolve()) is not None
+    try:
+        yield
+    finally:
+        if not found:
+            with contextlib.suppress(OSError, BrokerUnavailable):
+                stop_local_broker(campaign_dir)
 
 
 def endpoint_for(campaign_dir: Path | str | None) -> Endpoint:

@@ -68,6 +68,8 @@ ENDPOINT_FILE = "endpoint.json"
 SERVE_LOCK = "serve.lock"
 AUDIT_FILE = "audit.jsonl"
 MAX_BODY_BYTES = 256 * 1024
+IDLE_AFTER_S = 5.0  # no request for this long, nothing in flight, ledgers unchanged: the monitor idles
+IDLE_POLL_S = 1.0  # the idle monitor's wake-up interval (a stat of each ledger; no pass)
 
 
 class BrokerError(Exception):
@@ -133,6 +135,7 @@ class Broker:
         self.idle_exit_s = idle_exit_s
         self.last_request = time.monotonic()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by a request or a stop: the monitor polls at once
         self._monitor: threading.Thread | None = None
         self.on_idle: Callable[[], None] | None = None
 
@@ -166,24 +169,55 @@ class Broker:
         return None
 
     # --- monitor ----------------------------------------------------------------------------
-    def poll_once(self) -> None:
+    def poll_once(self) -> int:
+        """One pass over every campaign's runs in flight; returns how many events it logged."""
+        n = 0
         for h in self.handles.values():
             for event in h.poll():
                 log.info("campaign %s: %s", h.name, event)
+                n += 1
+        return n
+
+    def _ledger_stamps(self) -> tuple[tuple[int, int], ...]:
+        stamps = []
+        for h in self.handles.values():
+            try:
+                st = os.stat(h.dir / "ledger.jsonl")
+                stamps.append((st.st_size, st.st_mtime_ns))
+            except OSError:
+                stamps.append((-1, -1))
+        return tuple(stamps)
 
     def _monitor_loop(self) -> None:
-        interval = min(h.spec.control.poll_interval_s for h in self.handles.values())
-        while not self._stop.wait(interval):
-            try:
-                self.poll_once()
-            except Exception:
-                log.exception("monitor pass failed")
-            if self.idle_exit_s is not None and time.monotonic() - self.last_request > self.idle_exit_s:
-                busy = any(h.state().in_flight for h in self.handles.values())
-                if not busy and self.on_idle is not None:
-                    log.info("idle for %.0f s with nothing in flight: exiting", self.idle_exit_s)
-                    self.on_idle()
-                    return
+        """Poll at the campaigns' interval while anything happens. Idle (no request for IDLE_AFTER_S, and
+        the last pass logged nothing, wrote nothing and found nothing in flight), wake every IDLE_POLL_S
+        and skip the pass, which reads every ledger, until a ledger changes. A request wakes it at once."""
+        base = min(h.spec.control.poll_interval_s for h in self.handles.values())
+        interval, idle, stamps = base, False, None
+        while True:
+            self._wake.wait(interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            now = time.monotonic()
+            quiet = now - self.last_request > min(IDLE_AFTER_S, self.idle_exit_s or IDLE_AFTER_S)
+            before = self._ledger_stamps()
+            if idle and quiet and before == stamps:
+                interval = max(base, IDLE_POLL_S)
+            else:
+                busy = True
+                try:
+                    busy = self.poll_once() > 0 or any(h.state().in_flight for h in self.handles.values())
+                except Exception:
+                    log.exception("monitor pass failed")
+                stamps = self._ledger_stamps()
+                idle = quiet and not busy and stamps == before  # a pass that changed nothing
+                interval = max(base, IDLE_POLL_S) if idle else base
+            if idle and self.idle_exit_s is not None and now - self.last_request > self.idle_exit_s \
+                    and self.on_idle is not None:
+                log.info("idle for %.0f s with nothing in flight: exiting", self.idle_exit_s)
+                self.on_idle()
+                return
 
     def start_monitor(self) -> None:
         if self._monitor is None:
@@ -192,6 +226,7 @@ class Broker:
 
     def stop_monitor(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._monitor is not None:
             self._monitor.join(timeout=10)
 
@@ -231,6 +266,7 @@ class Broker:
     def _wrap(self, name: str, fn: Handler, auth: bool = True) -> Callable[[Request], Awaitable[JSONResponse]]:
         async def endpoint(request: Request) -> JSONResponse:
             self.last_request = time.monotonic()
+            self._wake.set()
             handle: CampaignHandle | None = None
             base = {"route": name, "method": request.method, "path": request.url.path,
                     "client": request.client.host if request.client else None}

@@ -7,10 +7,12 @@ that says what to change), never as a crash.
 
 Tools: launch_candidate, launch_calibration, run_status, list_runs, cancel_run, read_run_log,
 search_run_log, list_image_dir, read_image_file, search_image, record_assumption, record_stop,
-campaign_status.
+campaign_status; and ttb_best_known_recipe (TrainingThroughputBench's best verified recipe for the
+campaign's model and accelerator, read locally: a prior, not a measurement).
 
 Configuration (environment, set by the plugin's .mcp.json or the launcher):
 - ``ATTUNE_CAMPAIGN_DIR``: the campaign directory (default: the working directory).
+- ``ATTUNE_TTB_ENTRIES``: TrainingThroughputBench entries (default: ttb/entries beside attune's source).
 - ``ATTUNE_BROKER_URL`` and ``ATTUNE_BROKER_TOKEN``: a shared broker run by someone else. Without
   them the server starts the campaign's local broker on loopback on first use (the embedded default).
 
@@ -466,6 +468,63 @@ async def campaign_status() -> CampaignStatus:
         env_allowlist=p["env_allowlist"], image_roots=[r["name"] for r in p["image_roots"]],
         shipping=Shipping.model_validate(p["shipping"]) if p.get("shipping") else None,
     )
+
+
+# ----------------------------------------------------------------------------------- TTB prior
+# TrainingThroughputBench lookup: kept apart from the broker tools above. It reads verified entries
+# on this machine (never the cluster, never the ledger) and only informs the search.
+
+
+class TTBPrior(BaseModel):
+    found: bool
+    model: str
+    accelerator: str
+    note: str = Field(description="how to use the answer: a prior to measure, never a result")
+    entry_id: str | None = None
+    protocol: str | None = None
+    simulated: bool | None = None
+    label: str | None = Field(None, description="e.g. 'simulated, not a measurement'")
+    gpus: int | None = None
+    tokens_per_s_per_gpu: float | None = None
+    band: float | None = None
+    diff_from_public_recipe: dict[str, Any] = Field(default_factory=dict)
+    args: dict[str, Value] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    reason: str | None = None
+
+
+def _ttb_entries() -> Path:
+    env = os.environ.get("ATTUNE_TTB_ENTRIES")
+    return Path(env) if env else Path(__file__).resolve().parents[1] / "ttb" / "entries"
+
+
+@server.tool()
+async def ttb_best_known_recipe(
+    include_simulated: Annotated[bool, Field(description="also consider simulated entries (labelled)")] = False,
+) -> TTBPrior:
+    """TrainingThroughputBench's fastest verified recipe for this campaign's model and accelerator, as a
+    prior at campaign start. It was measured elsewhere (another cluster, stack or GPU count): try its
+    changes as a hypothesis, but only this campaign's own measurement and gate count."""
+    from attune.spec import SpecError, load_spec
+    from attune.ttb.lookup import PRIOR_NOTE, best
+
+    try:
+        spec = load_spec(_campaign_dir())
+    except SpecError as exc:
+        raise ToolError(f"the campaign spec cannot be read: {exc.problems[0][1]}") from None
+    model, accel = spec.model, spec.cluster.accelerator
+    res = await anyio.to_thread.run_sync(
+        lambda: best(_ttb_entries(), model, accel, include_simulated=include_simulated))
+    if not res["found"]:
+        return TTBPrior(found=False, model=model, accelerator=accel, note=PRIOR_NOTE, reason=res["reason"])
+    e = res["entry"]
+    return TTBPrior(found=True, model=model, accelerator=accel, note=PRIOR_NOTE, entry_id=e["id"],
+                    protocol=e["protocol"], simulated=e["simulated"], label=e["label"], gpus=e["gpus"],
+                    tokens_per_s_per_gpu=e["tokens_per_s_per_gpu"], band=e["band"],
+                    diff_from_public_recipe=e["diff_from_public_recipe"], args=e["args"], env=e["env"])
+
+
+# ----------------------------------------------------------------------------------- main
 
 
 def main() -> None:

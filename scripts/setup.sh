@@ -10,7 +10,7 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 # Pin torch: an unpinned torch pulls a multi-gigabyte CUDA build; 2.13.0 is the CPU build.
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[dev,examples]"
+.venv/bin/python -m pip install -q -e ".[dev,examples,ttb]"
 # The ray backend's extra (Ray's Jobs API client, and Ray for the one-machine test cluster of scripts/start-ray.sh).
 .venv/bin/python -m pip install -q -e ".[ray]"
 echo "attune set up in .venv ($(.venv/bin/attune --version))"

@@ -29,8 +29,26 @@ def _tune(d: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedPro
 
 
 def _stop_broker(d: Path) -> None:
-    subprocess.run([sys.executable, "-m", "attune", "broker", "stop", str(d)], capture_output=True, cwd=ROOT,
-                   timeout=60)
+    """A broker `attune tune` did not stop (one started by a killed command) stops here."""
+    from broker.client import stop_local_broker
+
+    stop_local_broker(d)
+
+
+def _brokers(d: Path) -> list[int]:
+    """Live `attune broker serve` processes for this campaign (zombies are dead)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and b"serve" in argv and str(d.resolve()).encode() in argv and b"broker" in argv:
+            found.append(int(proc.name))
+    return found
 
 
 def _search_keys(d: Path) -> list[str]:
@@ -73,6 +91,7 @@ def test_tune_heuristic_whole_campaign(campaigns) -> None:  # type: ignore[no-un
     assert h["remeasured"] and h["gain"] > 0.5 and h["launches"] == len(keys)
     assert Path(out["report_html"]).is_file() and (d / "shipped" / "run.sh").is_file()
     assert "calibration complete" in res.stderr and "shipped " in res.stderr
+    assert _brokers(d) == [], "attune tune left the broker it started running"
 
 
 def test_killed_mid_campaign_resumes_without_losing_or_repeating_a_run(campaigns) -> None:  # type: ignore[no-untyped-def]
@@ -108,6 +127,43 @@ def test_killed_mid_campaign_resumes_without_losing_or_repeating_a_run(campaigns
     ref = campaigns("tune-ref", **slow)
     assert _tune(ref, "--tuner", "heuristic", "--quiet").returncode == 0
     assert _search_keys(ref) == keys
+
+
+def test_tune_stops_the_broker_it_started_but_not_one_it_found(campaigns) -> None:  # type: ignore[no-untyped-def]
+    from broker.client import ensure_local_broker, stop_local_broker
+
+    d = campaigns("tune-own", budget={"concurrency": 1})
+    proc = subprocess.Popen([sys.executable, "-m", "attune", "tune", str(d / "campaign.yaml"), "--tuner",
+                             "heuristic", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT)
+    try:
+        wait_for(lambda: bool(load(d)[0].runs) and bool(_brokers(d)), timeout_s=120, interval_s=0.1)
+    finally:
+        proc.send_signal(signal.SIGINT)  # Ctrl-C: the command ends, and so does the broker it started
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in err, err[-2000:]
+    assert _brokers(d) == []
+    # A broker already serving the campaign (a Claude Code session's, say) is left running, here by a
+    # campaign whose baseline crashes (the command fails).
+    crash = {"baseline": {"command": ["python", "tests/fake_trainer.py"],
+                          "args": {"--seq-length": 128, "--global-batch-size": 16, "--train-iters": 14,
+                                   "--fake-mode": "crash", "--fake-fail-at": 1}},
+             "budget": {"concurrency": 2}}
+    d = campaigns("tune-found", **crash)
+    ep = ensure_local_broker(d)
+    try:
+        res = _tune(d, "--tuner", "heuristic", "--quiet")
+        assert res.returncode == 1 and "baseline failed" in res.stderr, res.stderr[-3000:]
+        assert _brokers(d) == [ep.pid]
+    finally:
+        assert stop_local_broker(d) == ep.pid
+    assert _brokers(d) == []
+    # Run again with none running: the command starts one, fails at once, and stops it.
+    starts = (d / ".broker" / "broker.log").read_text().count("attune broker serving")
+    res = _tune(d, "--tuner", "heuristic", "--quiet")
+    assert res.returncode == 1 and "baseline failed" in res.stderr, res.stderr[-3000:]
+    assert (d / ".broker" / "broker.log").read_text().count("attune broker serving") == starts + 1
+    assert _brokers(d) == []
 
 
 def test_tune_refuses_a_campaign_without_a_search_space(tmp_path: Path) -> None:

@@ -130,8 +130,11 @@ def run(args: argparse.Namespace) -> int:
     with Display(runner, quiet=args.json) as display:
         runner.say = display.say
         display.say(f"campaign directory: {d}")
+        from broker.client import stops_the_broker_it_starts
+
         try:
-            result = runner.run()
+            with stops_the_broker_it_starts(d):
+                result = runner.run()
         except RunnerError as exc:
             display.say(f"failed: {exc}")
             print(f"attune demo: {exc}", file=sys.stderr)

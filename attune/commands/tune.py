@@ -58,8 +58,11 @@ def run(args: argparse.Namespace) -> int:
     runner = CampaignRunner(d, args.tuner, seed=args.seed, max_passes=args.max_passes, claude=args.claude,
                             claude_args=shlex.split(args.claude_args), max_attempts=args.max_attempts,
                             say=None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True)))
+    from broker.client import stops_the_broker_it_starts
+
     try:
-        result = runner.run()
+        with stops_the_broker_it_starts(d):  # never leave behind a broker this command started
+            result = runner.run()
     except (SpecError, CampaignError, TunerSetupError) as exc:
         print(f"attune tune: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -1,0 +1,1 @@
+"""TrainingThroughputBench (TTB): the protocol, the workload, entries, their verifier and the leaderboard page."""
