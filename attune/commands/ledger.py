@@ -15,7 +15,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ledger", help="inspect a campaign's append-only ledger")
     lsub = p.add_subparsers(dest="ledger_command", metavar="ACTION")
     lsub.required = True
-    v = lsub.add_parser("verify", help="check the hash chain; a torn last line is reported, not fatal")
+    v = lsub.add_parser("verify", help=(
+        "check the hash chain, every row's MAC and the anchor kept outside the campaign directory; "
+        "a torn last line is reported, not fatal"))
     v.add_argument("dir", help="campaign directory")
     add_json_flag(v)
     v.set_defaults(func=run_verify)
@@ -43,11 +45,14 @@ def run_verify(args: argparse.Namespace) -> int:
         emit_json(report.as_dict())
     elif report.ok:
         msg = f"{d / LEDGER_NAME}: {report.rows} rows, chain intact"
+        msg += (f", every row's MAC and the anchor ({report.anchor_rows} rows) check" if report.authenticated
+                else f"; NOT authenticated: {report.note or 'no key'}")
         if report.torn_tail:
             msg += f"; torn last line ({report.torn_tail_bytes} bytes) ignored"
         print(msg)
     else:
-        print(f"{d / LEDGER_NAME}: does not verify after {report.rows} good rows: {report.error}", file=sys.stderr)
+        print(f"{d / LEDGER_NAME}: does not verify ({report.problem}) after {report.rows} good rows: {report.error}",
+              file=sys.stderr)
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
