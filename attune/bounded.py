@@ -38,8 +38,14 @@ _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _JSON_BRACKET = re.compile(rb"[\[\]{}]")
 
 
-class InputError(UsageError):
-    """An input that is refused: one line saying which input and why."""
+class InputError(UsageError, OSError):
+    """An input that is refused: one line saying which input and why.
+
+    A `UsageError` (the CLI exits 2) and an `OSError` (code that treats an unreadable file as
+    such, like the control plane scoring a job's log, treats a refused one the same way)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 def _kind(mode: int) -> str:
@@ -244,8 +250,31 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
     return f"{where}{problem}"
 
 
+_CLoader = getattr(yaml, "CSafeLoader", None)
+
+
+def _plain_for_c(text: str) -> bool:
+    """True when libyaml may load `text`: no aliases and shallow (checked on its events, in C)."""
+    depth = 0
+    try:
+        for ev in yaml.parse(text, Loader=_CLoader):
+            if isinstance(ev, yaml.AliasEvent):
+                return False
+            if isinstance(ev, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    return False
+            elif isinstance(ev, yaml.CollectionEndEvent):
+                depth -= 1
+    except yaml.YAMLError:
+        return False  # the bounded loader says what is wrong
+    return True
+
+
 def loads_yaml(text: str, what: str = "input", loader: type[BoundedSafeLoader] = BoundedSafeLoader) -> Any:
-    """Parse YAML with the bounded loader; one line on any problem."""
+    """Parse YAML with the bounded loader (libyaml for a document it can load safely); one line on any problem."""
+    if loader is BoundedSafeLoader and _CLoader is not None and _plain_for_c(text):
+        loader = _CLoader  # type: ignore[assignment]
     try:
         obj = yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:

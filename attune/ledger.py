@@ -70,6 +70,7 @@ LEDGER_NAME = "ledger.jsonl"
 TORN_NAME = "ledger.torn"
 GENESIS = "0" * 64
 KEY_BYTES = 32
+MAX_ROW_BYTES = 4 * 2**20  # no writer makes a longer row
 AUTH_ENV = "ATTUNE_LEDGER_AUTH"  # "chain": check the chain only (a reader without the key)
 
 # Every event the control plane records, with the data keys each one must carry.
@@ -178,7 +179,7 @@ def validate_event(type_: str, data: Mapping[str, Any]) -> None:
     if missing:
         raise LedgerError(f"{type_} row is missing data field(s): {', '.join(missing)}", "bad_request")
     try:
-        canonical(dict(data))
+        size = len(canonical(dict(data)))
     except (TypeError, ValueError) as exc:
         raise LedgerError(
             f"{type_} row data is not plain JSON (finite numbers, strings, lists, objects): {exc}", "bad_request"
@@ -186,6 +187,8 @@ def validate_event(type_: str, data: Mapping[str, Any]) -> None:
     problem = check_data(type_, data)
     if problem:
         raise LedgerError(problem, "bad_request")
+    if size > MAX_ROW_BYTES // 2:
+        raise LedgerError(f"{type_} row data is larger than {MAX_ROW_BYTES // 2} bytes", "bad_request")
 
 
 # ------------------------------------------------------------------------------------ keys and anchor
@@ -392,9 +395,11 @@ def iter_rows(
         fh.seek(start_offset)
         seq, prev = start_seq, start_prev
         lineno = start_seq  # line numbers are 1-based; row seq k sits on line k + 1
-        for raw in fh:
+        while raw := fh.readline(MAX_ROW_BYTES + 1):
             lineno += 1
             if not raw.endswith(b"\n"):
+                if len(raw) > MAX_ROW_BYTES:
+                    raise LedgerError(f"line {lineno}: longer than {MAX_ROW_BYTES} bytes: not a row", "corrupt")
                 yield raw.decode("utf-8", errors="replace")
                 return
             row = _parse_line(raw, lineno, seq, prev, auth)
