@@ -100,6 +100,8 @@ def read_bytes(path: Path | str, what: str = "input", max_bytes: int = MAX_CONFI
         if total > max_bytes:
             raise InputError(f"{what} {path}: over the limit of {max_bytes} bytes")
         return b"".join(chunks)
+    except InputError:
+        raise
     except OSError as exc:
         raise InputError(f"{what} {path}: cannot read ({exc.strerror})") from None
     finally:

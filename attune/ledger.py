@@ -261,8 +261,13 @@ def _new_key(campaign_dir: Path) -> bytes:
     return key
 
 
+def _dir_identity(campaign_dir: Path) -> list[int]:
+    st = os.stat(campaign_dir)
+    return [st.st_dev, st.st_ino]
+
+
 def _write_anchor(campaign_dir: Path, key: bytes, rows: int, head: str) -> None:
-    body = {"rows": rows, "head": head, "mac": _anchor_mac(key, rows, head)}
+    body = {"rows": rows, "head": head, "mac": _anchor_mac(key, rows, head), "dir": _dir_identity(campaign_dir)}
     _write_private(anchor_path(campaign_dir), json.dumps(body, sort_keys=True).encode() + b"\n")
 
 
@@ -270,6 +275,7 @@ def _write_anchor(campaign_dir: Path, key: bytes, rows: int, head: str) -> None:
 class Anchor:
     rows: int
     head: str
+    dir: tuple[int, ...] = ()  # the campaign directory's (device, inode) when the anchor was written
 
 
 def _read_anchor(campaign_dir: Path, key: bytes | None) -> Anchor | None:
@@ -283,11 +289,20 @@ def _read_anchor(campaign_dir: Path, key: bytes | None) -> Anchor | None:
     try:
         obj = json.loads(raw)
         rows, head, mac = int(obj["rows"]), str(obj["head"]), str(obj["mac"])
-    except (ValueError, KeyError, TypeError):
+        ident = tuple(int(x) for x in obj.get("dir") or ())
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise LedgerError(f"the ledger anchor {p} is corrupt", "anchor_missing") from None
     if key is not None and not hmac.compare_digest(mac, _anchor_mac(key, rows, head)):
         raise LedgerError(f"the ledger anchor {p} does not carry the key's MAC", "anchor_missing")
-    return Anchor(rows, head)
+    return Anchor(rows, head, ident)
+
+
+def _retire(campaign_dir: Path) -> None:
+    """Keep a replaced ledger's key and anchor (renamed) rather than overwrite them."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    for p in (key_path(campaign_dir), anchor_path(campaign_dir)):
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(p, p.with_name(f"{p.name}.retired-{stamp}"))
 
 
 @dataclass
@@ -572,6 +587,8 @@ class Ledger:
         if not self.dir.is_dir():
             raise LedgerError(f"campaign directory {self.dir} does not exist", "bad_request")
         fresh = not os.path.lexists(self.path)
+        if fresh:
+            self._check_fresh_start(type_)
         with _locked(self.path) as fh:
             size = _repair_torn_tail(fh, self.path)
             last = _last_line(fh, size)
@@ -613,6 +630,23 @@ class Ledger:
             _write_anchor(self.dir, key, seq + 1, h)
             return row
 
+    def _check_fresh_start(self, type_: str) -> None:
+        """A ledger file that does not exist may start anew, unless its anchor says it was deleted.
+
+        Deleted (refused): the anchor records rows and the directory is the one it was written in.
+        Started anew: a `campaign_started` row (a campaign starting here: `attune init`), or a directory
+        made again (another campaign). The old key and anchor are kept, renamed `.retired-<time>`."""
+        try:
+            old = _read_anchor(self.dir, None)
+        except LedgerError:
+            old = None
+        if old is None or old.rows == 0:
+            return
+        if type_ != "campaign_started" and tuple(old.dir) == tuple(_dir_identity(self.dir)):
+            raise LedgerError(f"truncated: {self.path} is gone but its anchor records {old.rows} rows; refusing to "
+                              "start a new ledger here with anything but campaign_started", "truncated")
+        _retire(self.dir)
+
     def _writer_key(self, new_ledger: bool, has_rows: bool) -> bytes:
         """The key to append with. A ledger file that did not exist starts a new key and anchor."""
         kp = key_path(self.dir)
@@ -638,9 +672,13 @@ class Ledger:
 def adopt(campaign_dir: Path | str, from_dir: Path | str) -> None:
     """File the key and anchor of `from_dir` under `campaign_dir` too (a campaign directory copied
     or moved by its owner). Trusted tooling only: it needs write access to the keys directory."""
-    src_key, src_anchor = key_path(from_dir), anchor_path(from_dir)
-    _write_private(key_path(campaign_dir), src_key.read_bytes())
-    _write_private(anchor_path(campaign_dir), src_anchor.read_bytes())
+    key = _load_key(key_path(from_dir))
+    anchor = _read_anchor(Path(from_dir), key)
+    if anchor is None:
+        raise LedgerError(f"anchor missing: no anchor for {from_dir}", "anchor_missing")
+    keys_dir().mkdir(parents=True, exist_ok=True, mode=0o700)
+    _write_private(key_path(campaign_dir), key.hex().encode() + b"\n")
+    _write_anchor(Path(campaign_dir), key, anchor.rows, anchor.head)
 
 
 @dataclass

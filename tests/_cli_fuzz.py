@@ -15,6 +15,7 @@ import gzip
 import os
 import random
 import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -63,6 +64,9 @@ def run_case(argv: Sequence[str], timeout_s: float = 20.0, env: dict[str, str] |
                 os.dup2(fd_in, 0)
                 os.dup2(fd_out, 1)
                 os.dup2(fd_err, 2)
+                sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - pytest may have replaced them
+                sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+                sys.stdin = open(0, closefd=False)  # noqa: SIM115
                 try:
                     code = int(cli.main(list(argv)) or 0)
                 except SystemExit as exc:
@@ -70,8 +74,6 @@ def run_case(argv: Sequence[str], timeout_s: float = 20.0, env: dict[str, str] |
                 except BaseException:
                     traceback.print_exc()
                     code = 70
-                import sys
-
                 sys.stdout.flush()
                 sys.stderr.flush()
             finally:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from attune.bounded import InputError, check_regular
+from attune.bounded import check_regular
 from attune.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from attune.ledger import LEDGER_NAME, LedgerError, read, verify
 from attune.output import add_json_flag, emit_json
@@ -33,8 +33,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _check_dir(d: Path, cmd: str) -> bool:
     """The ledger file is there and regular (InputError otherwise: exit 2); an empty one is verified
     (an empty file whose anchor records rows is a truncation)."""
-    if not d.is_dir():
-        raise InputError(f"{d} is not a directory")
     path = d / LEDGER_NAME
     if not path.exists() and not path.is_symlink():
         report = verify(d)  # says whether an anchored ledger was deleted

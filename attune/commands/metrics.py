@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from attune.bounded import InputError
 from attune.errors import EXIT_FAILED, EXIT_OK, UsageError
 from attune.output import add_json_flag, emit_json
 
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
             seconds_since_progress=args.seconds_since_progress,
             hang_after_s=args.hang_after,
         )
-    except MetricsInputError as exc:
+    except (MetricsInputError, InputError) as exc:
         raise UsageError(str(exc)) from None
     except FileNotFoundError:
         raise UsageError(f"LOG: no such file: {args.log}") from None
