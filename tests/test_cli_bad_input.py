@@ -68,11 +68,9 @@ def _campaign_with(tmp: Path, started: Path, bad: str, which: str) -> Path:
 
 SLOTS: dict[str, Slot] = {
     "validate": lambda t, s, b: ["validate", str(_file(t, b))],
-    "validate --json": lambda t, s, b: ["validate", str(_file(t, b)), "--json"],
     "init": lambda t, s, b: ["init", str(_campaign_with(t, s, b, "campaign.yaml"))],
     "sim estimate": lambda t, s, b: ["sim", "estimate", str(_file(t, b))],
     "status": lambda t, s, b: ["status", str(_campaign_with(t, s, b, "ledger.jsonl"))],
-    "status --json": lambda t, s, b: ["status", str(_campaign_with(t, s, b, "ledger.jsonl")), "--json"],
     "report": lambda t, s, b: ["report", str(_campaign_with(t, s, b, "ledger.jsonl"))],
     "ledger verify": lambda t, s, b: ["ledger", "verify", str(_campaign_with(t, s, b, "ledger.jsonl"))],
     "ledger show": lambda t, s, b: ["ledger", "show", str(_campaign_with(t, s, b, "ledger.jsonl"))],
