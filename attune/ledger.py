@@ -14,7 +14,8 @@ The chain alone can be recomputed by anyone who can write the file. So every row
 `mac`, an HMAC-SHA256 of its hash under a per-campaign key, and the writer keeps an *anchor*
 (the row count and the head hash, itself MACed) next to the key. Both live outside the campaign
 directory, under `${XDG_STATE_HOME:-~/.local/state}/attune/ledger-keys/` (directory 0700, files
-0600), named by the campaign id: the SHA-256 of the campaign directory's real path (first 32 hex
+0600; `~` is the account's home from the password database, whatever `$HOME` says), named by the
+campaign id: the SHA-256 of the campaign directory's real path (first 32 hex
 digits). The agent's sandbox denies reads there; the broker, the control plane, the MCP servers
 and the hooks (which run outside the agent's Bash sandbox) hold the key.
 
@@ -194,9 +195,20 @@ def validate_event(type_: str, data: Mapping[str, Any]) -> None:
 # ------------------------------------------------------------------------------------ keys and anchor
 
 
+def _user_home() -> str:
+    """The user's home from the password database: a process started with another $HOME (Claude Code
+    in a test harness, a sandbox) still finds the same keys."""
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except (ImportError, KeyError):
+        return os.path.expanduser("~")
+
+
 def keys_dir() -> Path:
-    """`${XDG_STATE_HOME:-~/.local/state}/attune/ledger-keys`."""
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    """`${XDG_STATE_HOME:-~/.local/state}/attune/ledger-keys` (`~`: the user's home directory)."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(_user_home(), ".local", "state")
     return Path(base) / "attune" / "ledger-keys"
 
 
