@@ -48,6 +48,10 @@ class InputError(UsageError, OSError):
         return str(self.args[0]) if self.args else ""
 
 
+class MissingInput(InputError, FileNotFoundError):
+    """The input does not exist (also a FileNotFoundError, for code that handles that)."""
+
+
 def _kind(mode: int) -> str:
     if stat.S_ISDIR(mode):
         return "a directory"
@@ -65,7 +69,7 @@ def check_regular(path: Path | str, what: str = "input") -> os.stat_result:
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise InputError(f"{what} {path}: no such file") from None
+        raise MissingInput(f"{what} {path}: cannot read (no such file)") from None
     except OSError as exc:
         raise InputError(f"{what} {path}: cannot read ({exc.strerror})") from None
     if not stat.S_ISREG(st.st_mode):
@@ -78,7 +82,7 @@ def read_bytes(path: Path | str, what: str = "input", max_bytes: int = MAX_CONFI
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except FileNotFoundError:
-        raise InputError(f"{what} {path}: no such file") from None
+        raise MissingInput(f"{what} {path}: cannot read (no such file)") from None
     except IsADirectoryError:
         raise InputError(f"{what} {path}: a directory, not a regular file") from None
     except OSError as exc:
@@ -280,7 +284,7 @@ def loads_yaml(text: str, what: str = "input", loader: type[BoundedSafeLoader] =
     try:
         obj = yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
-        raise InputError(f"{what}: invalid YAML ({yaml_problem(exc)})") from None
+        raise InputError(f"{what}: not valid YAML ({yaml_problem(exc)})") from None
     except RecursionError:
         raise InputError(f"{what}: YAML nested too deeply") from None
     check_strings(obj, what)

@@ -471,6 +471,8 @@ def read(campaign_dir: Path | str, start_offset: int = 0, start_seq: int = 0, st
         return result
     if not path.is_file():
         raise LedgerError(f"{path} is not a regular file", "corrupt")
+    if start_offset > 0 and os.stat(path).st_size < start_offset:
+        raise LedgerError(f"truncated: {path} is shorter than the {start_offset} bytes already read", "truncated")
     auth = _reader_auth(d, _has_rows(path) or start_seq > 0)
     result.authenticated = auth.key is not None
     result.anchor_rows = auth.anchor.rows if auth.anchor is not None else None

@@ -86,10 +86,10 @@ def run(args: argparse.Namespace) -> int:
             seconds_since_progress=args.seconds_since_progress,
             hang_after_s=args.hang_after,
         )
-    except (MetricsInputError, InputError) as exc:
-        raise UsageError(str(exc)) from None
     except FileNotFoundError:
         raise UsageError(f"LOG: no such file: {args.log}") from None
+    except (MetricsInputError, InputError) as exc:
+        raise UsageError(str(exc)) from None
     except IsADirectoryError:
         raise UsageError(f"LOG: is a directory, expected a log file: {args.log}") from None
     except OSError as exc:
