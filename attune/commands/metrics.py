@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -74,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
             raise MetricsInputError(f"--gpus: expected a positive integer, got {args.gpus}")
         if args.hang_after <= 0:
             raise MetricsInputError(f"--hang-after: expected a positive number of seconds, got {args.hang_after}")
+        if os.path.isdir(args.log):
+            raise IsADirectoryError(args.log)
         metrics = read_metrics(
             args.log,
             framework=args.framework,
