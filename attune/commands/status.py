@@ -77,11 +77,14 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"attune status: ledger does not verify ({exc.kind}): {exc}", file=sys.stderr)
         return EXIT_FAILED
-    payload = {"ok": True, "torn_tail": result.torn_tail is not None, **state.as_dict()}
+    payload = {"ok": True, "torn_tail": result.torn_tail is not None, "authenticated": result.authenticated,
+               **state.as_dict()}
     if args.json:
         emit_json(payload)
     else:
         render(payload)
         if result.torn_tail is not None:
             print(f"warning: torn last line ignored ({len(result.torn_tail)} bytes)", file=sys.stderr)
+        if not result.authenticated:
+            print(f"warning: the ledger's rows were not authenticated: {result.note}", file=sys.stderr)
     return EXIT_OK
