@@ -153,11 +153,11 @@ def row_hash(seq: int, ts: str, type_: str, data: Mapping[str, Any], prev: str) 
 
 
 def row_mac(key: bytes, hash_: str) -> str:
-    return hmac.new(key, b"row:" + hash_.encode(), hashlib.sha256).hexdigest()
+    return hmac.digest(key, b"row:" + hash_.encode(), "sha256").hex()
 
 
 def _anchor_mac(key: bytes, rows: int, head: str) -> str:
-    return hmac.new(key, f"anchor:{rows}:{head}".encode(), hashlib.sha256).hexdigest()
+    return hmac.digest(key, f"anchor:{rows}:{head}".encode(), "sha256").hex()
 
 
 def check_data(type_: str, data: Mapping[str, Any]) -> str | None:
