@@ -15,10 +15,9 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from attune.layouts import load_yaml
+from attune import bounded
 from attune.lessons import CATALOG_DIR, LESSONS_PATH, LEVERS_PATH, known_model_names, validate_lesson
 
 LEVERS_SCHEMA_PATH = CATALOG_DIR / "levers.schema.json"
@@ -187,11 +186,9 @@ def _msg(err: Any) -> str:
 
 def _read_yaml(path: Path) -> Any:
     try:
-        return load_yaml(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise CatalogError(path, [("(file)", f"cannot read: {exc}")]) from None
-    except yaml.YAMLError as exc:
-        raise CatalogError(path, [("(yaml)", f"invalid YAML: {exc}")]) from None
+        return bounded.read_yaml(path, "catalog file")
+    except bounded.InputError as exc:
+        raise CatalogError(path, [("(file)", str(exc))]) from None
 
 
 def load_catalog(path: Path | str | None = None) -> LeverCatalog:

@@ -44,6 +44,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"attune {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except RecursionError:  # a reader missed attune.bounded's depth limit: still one line, not a traceback
+        print(f"attune {args.command}: error: an input is nested too deeply", file=sys.stderr)
+        return EXIT_USAGE
+    except MemoryError:
+        print(f"attune {args.command}: error: an input is too large to hold in memory", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # the reader went away (`| head`): not an error of ours

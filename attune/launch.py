@@ -390,6 +390,7 @@ class Control:
                     f"a check run is expected to cost {expected:.6g} GPU-h and {left if left is not None else 0:.6g} "
                     "GPU-h are left of the budget (reserve included)"), kind=kind, expected_gpu_hours=expected)
         run_id = self._next_run_id(state, None, label=f"{kind}-{of}")
+        self.gen.confine(cand.changes, self.run_dir(run_id), self.workdir)
         job = self.gen.resolve(cand, self.run_dir(run_id), self.workdir)
         problems = self.gen.check_shape(job, False, steps=steps if kind == "check" else None)
         if problems:
@@ -416,6 +417,8 @@ class Control:
         if state.name is None:
             return Admission(False, "not_started", "the campaign has not started")
         edits = parse_changes(req.changes)
+        probe_dir = self.run_dir(self._next_run_id(state, req))
+        self.gen.confine(edits, probe_dir, self.workdir)  # before anything else: a path is refused outright
         if len(state.in_flight) >= spec.budget.concurrency:
             return Admission(False, "concurrency", (
                 f"{len(state.in_flight)} run(s) in flight ({', '.join(r.run_id for r in state.in_flight)}) and the "
@@ -496,6 +499,7 @@ class Control:
                 f"{b.reserve_left:.6g})"), kind=req.kind, expected_gpu_hours=expected)
         run_id = self._next_run_id(state, req)
         run_dir = self.run_dir(run_id)
+        self.gen.confine(cand.changes, run_dir, self.workdir)  # inherited values too (a leader's)
         job = self.gen.resolve(cand, run_dir, self.workdir)
         problems = self.gen.check_shape(job, req.profile)
         if problems:

@@ -25,12 +25,14 @@ import fnmatch
 import hashlib
 import json
 import math
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attune.spec import ArgValue, CampaignSpec, is_env_name, is_flag_name
+from attune.spec import ArgValue, CampaignSpec, is_env_name
 
 # The flags that pin the workload's shape, per framework: (sequence length, global batch, steps).
 PINNED_FLAGS: dict[str, dict[str, str]] = {
@@ -48,6 +50,10 @@ PINNED_FLAGS: dict[str, dict[str, str]] = {
 }
 PLACEHOLDERS = ("gpus", "gpus_per_node", "nodes", "run_dir")
 MAX_VALUE_CHARS = 4096
+# A candidate's flag names: --name, then letters, digits, '_', '-', '.' (no '=', no spaces, no quotes).
+CANDIDATE_FLAG = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}")
+# A value is split on these into pieces; each piece that looks like a path is confined.
+_PATH_SPLIT = re.compile(r"[,;:=\s]+")
 
 
 class RunGenError(Exception):
@@ -136,8 +142,10 @@ def parse_changes(obj: Any) -> Changes:
         raise RunGenError("bad_change", "changes.args and changes.env must be objects")
     args: dict[str, ArgValue] = {}
     for k, v in args_in.items():
-        if not is_flag_name(k):
-            raise RunGenError("bad_change", f"changes.args: {k!r} is not a flag (expected --flag-name)")
+        if not isinstance(k, str) or not CANDIDATE_FLAG.fullmatch(k):
+            raise RunGenError("bad_change", (
+                f"changes.args: {str(k)[:120]!r} is not a flag name (expected --name of letters, digits, "
+                "'_', '-' and '.', at most 102 characters; a value goes in the value, not after '=')"))
         args[k] = _check_value(f"changes.args[{k}]", v)
     env: dict[str, str | None] = {}
     for k, v in env_in.items():
@@ -175,6 +183,39 @@ def _norm(value: ArgValue) -> Any:
     if value is True:
         return True
     return render_value(value)[0]
+
+
+def _looks_like_path(piece: str) -> bool:
+    return "/" in piece or piece.startswith("~") or piece in (".", "..")
+
+
+def confine_paths(changes: Changes, run_dir: Path, workdir: Path, ctx: Mapping[str, Any]) -> None:
+    """Refuse a candidate whose flag or variable values name a path outside the run's own directory.
+
+    The rule, for every flag and variable the candidate sets (listed or not): its value (after the
+    placeholders are filled) is split on ',', ';', ':', '=' and white space; every piece that looks
+    like a path (it contains '/', starts with '~', or is '.' or '..') is resolved (a relative one
+    against the job's working directory, symbolic links followed) and must land inside the run's own
+    directory. `~` is never expanded. Write `{run_dir}/name` to name a file of the run."""
+    base = os.path.realpath(run_dir)
+    items = [(f"changes.args[{k}]", v) for k, v in changes.args.items()]
+    items += [(f"changes.env[{k}]", v) for k, v in changes.env.items()]
+    for where, value in items:
+        if not isinstance(value, str):
+            continue
+        text = substitute(value, ctx)
+        for piece in _PATH_SPLIT.split(text):
+            if not piece or not _looks_like_path(piece):
+                continue
+            if piece.startswith("~"):
+                raise RunGenError("path_outside_run", (
+                    f"{where}: {piece!r} names a home directory; a path in a candidate's value must be inside the "
+                    "run's own directory (write {run_dir}/name)"))
+            real = os.path.realpath(os.path.join(workdir, piece))
+            if real != base and not real.startswith(base + os.sep):
+                raise RunGenError("path_outside_run", (
+                    f"{where}: {piece!r} resolves to {real}, outside the run's own directory: a path in a "
+                    "candidate's value must be inside it (write {run_dir}/name)"))
 
 
 def substitute(text: str, ctx: Mapping[str, Any]) -> str:
@@ -230,6 +271,10 @@ class RunGenerator:
                     f"environment variable {name} is not on the campaign's allowlist "
                     f"({', '.join(self.spec.control.env_allowlist) or 'empty'})",
                 )
+
+    def confine(self, changes: Changes, run_dir: Path, workdir: Path) -> None:
+        """`confine_paths` for this campaign's placeholders."""
+        confine_paths(changes, run_dir, workdir, self.placeholders(run_dir))
 
     # --- recipes ----------------------------------------------------------------------------
     def apply(self, changes: Changes) -> tuple[dict[str, ArgValue], dict[str, str]]:

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from attune.bounded import BoundedSafeLoader, InputError, check_strings, read_bytes, read_text
 
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "campaign.schema.json"
 
@@ -386,8 +389,12 @@ class SpecError(Exception):
         return {"file": self.path, "problems": [{"field": f, "message": m} for f, m in self.problems]}
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """A safe loader that refuses duplicate keys instead of keeping the last one silently."""
+MAX_SPEC_BYTES = 2**20  # a campaign.yaml is a page or two
+
+
+class _UniqueKeyLoader(BoundedSafeLoader):
+    """A safe loader (bounded nesting and aliases) that refuses duplicate keys instead of keeping the
+    last one silently."""
 
 
 def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
@@ -449,19 +456,24 @@ def load_spec(path: Path | str) -> CampaignSpec:
     p = Path(path)
     if p.is_dir():
         p = p / "campaign.yaml"
+    if not os.path.lexists(p):
+        raise SpecError(p, [("(file)", "no such file")])
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(p, [("(file)", "no such file")]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(p, [("(file)", f"cannot read: {exc}")]) from None
+        text = read_text(p, "campaign spec", MAX_SPEC_BYTES)
+    except InputError as exc:
+        raise SpecError(p, [("(file)", str(exc).replace(f"campaign spec {p}: ", ""))]) from None
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        check_strings(data, "the spec")
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(yaml)"
         problem = getattr(exc, "problem", None) or str(exc)
         raise SpecError(p, [(where, f"invalid YAML: {problem}")]) from None
+    except RecursionError:
+        raise SpecError(p, [("(yaml)", "invalid YAML: nested too deeply")]) from None
+    except InputError as exc:
+        raise SpecError(p, [("(yaml)", str(exc))]) from None
     return parse_spec(data, str(p))
 
 
@@ -470,7 +482,7 @@ def spec_sha256(path: Path | str) -> str:
     p = Path(path)
     if p.is_dir():
         p = p / "campaign.yaml"
-    return hashlib.sha256(p.read_bytes()).hexdigest()
+    return hashlib.sha256(read_bytes(p, "campaign spec", MAX_SPEC_BYTES)).hexdigest()
 
 
 def json_schema() -> dict[str, Any]:

@@ -51,6 +51,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from attune.bounded import InputError, loads_json
 from attune.campaign import RecordError
 from attune.launch import ControlError, LaunchRequest
 from attune.ledger import LedgerError
@@ -70,6 +71,7 @@ AUDIT_FILE = "audit.jsonl"
 MAX_BODY_BYTES = 256 * 1024
 IDLE_AFTER_S = 5.0  # no request for this long, nothing in flight, ledgers unchanged: the monitor idles
 IDLE_POLL_S = 1.0  # the idle monitor's wake-up interval (a stat of each ledger; no pass)
+MAX_JSON_DEPTH = 16  # no route takes anything deeper
 
 
 class BrokerError(Exception):
@@ -286,13 +288,13 @@ class Broker:
                 declared = request.headers.get("content-length", "0")
                 if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
                     return self._refuse(handle, base, 413, "too_large", f"request body over {MAX_BODY_BYTES} bytes")
-                raw = await request.body()
-                if len(raw) > MAX_BODY_BYTES:
+                raw = await _read_body(request, MAX_BODY_BYTES)  # counted while reading (chunked bodies too)
+                if raw is None:
                     return self._refuse(handle, base, 413, "too_large", f"request body over {MAX_BODY_BYTES} bytes")
                 try:
-                    body = json.loads(raw) if raw.strip() else {}
-                except ValueError as exc:
-                    return self._refuse(handle, base, 400, "bad_request", f"the body is not JSON: {exc}")
+                    body = loads_json(raw, "the body", MAX_JSON_DEPTH) if raw.strip() else {}
+                except InputError as exc:
+                    return self._refuse(handle, base, 400, "bad_request", str(exc))
                 if not isinstance(body, dict):
                     return self._refuse(handle, base, 400, "bad_request", "the body must be a JSON object")
             try:
@@ -316,9 +318,16 @@ class Broker:
             except (RecordError, _BadQuery) as exc:
                 return self._refuse(handle, base, 409 if isinstance(exc, RecordError) else 400,
                                     "refused" if isinstance(exc, RecordError) else "bad_request", str(exc))
-            except (BackendError, LedgerError) as exc:
+            except LedgerError as exc:
+                if exc.kind == "bad_request":  # a record the ledger refuses: the request's fault
+                    return self._refuse(handle, base, 422, "bad_request", str(exc))
+                log.exception("route %s failed", name)
+                return self._refuse(handle, base, 503, "unavailable", f"the campaign's ledger: {exc}")
+            except BackendError as exc:
                 log.exception("route %s failed", name)
                 return self._refuse(handle, base, 503, "unavailable", str(exc))
+            except (InputError, UnicodeError, RecursionError) as exc:  # bad input that got past the parsing
+                return self._refuse(handle, base, 400, "bad_request", f"{type(exc).__name__}: {str(exc)[:300]}")
             except Exception as exc:  # never crash the broker on one request
                 log.exception("route %s failed", name)
                 return self._refuse(handle, base, 500, "internal", f"{type(exc).__name__}: {exc}")
@@ -340,6 +349,18 @@ class Broker:
 
 class _BadQuery(Exception):
     pass
+
+
+async def _read_body(request: Request, limit: int) -> bytes | None:
+    """The body, or None as soon as more than `limit` bytes arrived (the rest is never read)."""
+    chunks: list[bytes] = []
+    total = 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _int(q: Any, name: str, default: int | None, lo: int, hi: int) -> int | None:

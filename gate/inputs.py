@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from attune import bounded
 from gate import logparse, names
+
+MAX_CURVE_BYTES = 512 * 2**20  # a loss curve, or a training log read whole
 
 
 class InputError(ValueError):
@@ -51,15 +52,9 @@ def argv_to_args(tokens: Sequence[str]) -> dict[str, Any]:
 
 def _read_structured(path: Path) -> Any:
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc}") from exc
-    try:
-        if path.suffix == ".json":
-            return json.loads(text)
-        return yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise InputError(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML/JSON'}: {exc}") from exc
+        return bounded.read_structured(path, "input")
+    except bounded.InputError as exc:
+        raise InputError(str(exc)) from None
 
 
 def _check_args(obj: Any, where: str) -> dict[str, Any]:
@@ -131,9 +126,9 @@ def load_env(path: str | Path) -> dict[str, str]:
     if p.suffix in (".json", ".yaml", ".yml"):
         return check_env(_read_structured(p), str(p))
     try:
-        lines = p.read_text().splitlines()
-    except OSError as exc:
-        raise InputError(f"cannot read {p}: {exc}") from exc
+        lines = bounded.read_text(p, "environment file").splitlines()
+    except bounded.InputError as exc:
+        raise InputError(str(exc)) from None
     out: dict[str, str] = {}
     for i, line in enumerate(lines, 1):
         s = line.strip()
@@ -171,14 +166,16 @@ def load_curve(path: str | Path) -> dict[int, float | None]:
     """
     p = Path(path)
     try:
-        text = p.read_text(errors="replace")
-    except OSError as exc:
-        raise InputError(f"cannot read {p}: {exc}") from exc
+        text = bounded.read_bytes(p, "loss curve or log", MAX_CURVE_BYTES).decode("utf-8", "replace")
+    except bounded.InputError as exc:
+        raise InputError(str(exc)) from None
     if p.suffix == ".json" or text.lstrip().startswith("{"):
+        if bounded.json_depth(text) > bounded.MAX_DEPTH:
+            raise InputError(f"{p}: JSON nested deeper than {bounded.MAX_DEPTH} levels")
         try:
             data = json.loads(text)  # accepts NaN and Infinity
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{p} is not valid JSON: {exc}") from exc
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise InputError(f"{p} is not valid JSON: {exc}") from None
         if not isinstance(data, dict):
             raise InputError(f"{p}: expected a JSON object mapping step numbers to losses")
         out: dict[int, float | None] = {}

@@ -28,9 +28,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from attune import bounded
 from gate import names
 
 LISTS_DIR = Path(__file__).parent / "lists"
@@ -302,7 +302,10 @@ class ListError(ValueError):
 
 def list_sha256(path: str | Path) -> str:
     """SHA-256 (hex) of the list file's bytes: what a campaign pins."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    try:
+        return hashlib.sha256(bounded.read_bytes(path, "correctness list")).hexdigest()
+    except bounded.InputError as exc:
+        raise ListError(str(exc)) from None
 
 
 def builtin_models() -> list[str]:
@@ -326,9 +329,9 @@ def load_list(model_or_path: str | Path, expected_sha256: str | None = None) -> 
     """Load and validate a list; refuse it if ``expected_sha256`` is given and differs."""
     path = list_path(model_or_path)
     try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ListError(f"cannot read correctness list {path}: {exc}") from exc
+        raw = bounded.read_bytes(path, "correctness list")
+    except bounded.InputError as exc:
+        raise ListError(str(exc)) from None
     digest = hashlib.sha256(raw).hexdigest()
     if expected_sha256 is not None and digest != expected_sha256.strip().lower():
         raise ListError(
@@ -336,9 +339,9 @@ def load_list(model_or_path: str | Path, expected_sha256: str | None = None) -> 
             "the list changed since the campaign started, refusing it"
         )
     try:
-        data = yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
-        raise ListError(f"correctness list {path} is not valid YAML: {exc}") from exc
+        data = bounded.loads_yaml(bounded.decode_utf8(raw, f"correctness list {path}"), f"correctness list {path}")
+    except bounded.InputError as exc:
+        raise ListError(str(exc)) from None
     try:
         clist = CorrectnessList.model_validate(data)
     except ValidationError as exc:

@@ -18,6 +18,8 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from attune.bounded import check_regular
+
 _ITER_RE = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+")
 _LOSS_RE = re.compile(r"\blm loss:\s*([-+]?(?:nan|inf|infinity|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?))",
                       re.IGNORECASE)
@@ -28,6 +30,7 @@ _ARG_LINE_RE = re.compile(r"^  ([A-Za-z_]\w*) \.* ?(.*?)\s*$")
 
 def _lines(source: str | Path | Iterable[str]) -> Iterator[str]:
     if isinstance(source, (str, Path)):
+        check_regular(source, "training log")  # a FIFO or /dev/zero would never end
         with open(source, encoding="utf-8", errors="replace") as fh:
             yield from fh
     else:

@@ -58,6 +58,7 @@ def calibrated_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def calibrated(calibrated_template: Path, tmp_path: Path) -> CampaignHandle:
     d = tmp_path / "fake-a"
     shutil.copytree(calibrated_template, d)
+    ledger.adopt(d, calibrated_template)  # ledger keys are filed by the directory's path
     return CampaignHandle(d)
 
 

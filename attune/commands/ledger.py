@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from attune.bounded import check_regular
 from attune.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from attune.ledger import LEDGER_NAME, LedgerError, read, verify
 from attune.output import add_json_flag, emit_json
@@ -15,7 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ledger", help="inspect a campaign's append-only ledger")
     lsub = p.add_subparsers(dest="ledger_command", metavar="ACTION")
     lsub.required = True
-    v = lsub.add_parser("verify", help="check the hash chain; a torn last line is reported, not fatal")
+    v = lsub.add_parser("verify", help=(
+        "check the hash chain, every row's MAC and the anchor kept outside the campaign directory; "
+        "a torn last line is reported, not fatal"))
     v.add_argument("dir", help="campaign directory")
     add_json_flag(v)
     v.set_defaults(func=run_verify)
@@ -28,9 +31,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _check_dir(d: Path, cmd: str) -> bool:
-    if not (d / LEDGER_NAME).is_file():
-        print(f"attune ledger {cmd}: error: no {LEDGER_NAME} in {d}", file=sys.stderr)
+    """The ledger file is there and regular (InputError otherwise: exit 2); an empty one is verified
+    (an empty file whose anchor records rows is a truncation)."""
+    path = d / LEDGER_NAME
+    if not path.exists() and not path.is_symlink():
+        report = verify(d)  # says whether an anchored ledger was deleted
+        print(f"attune ledger {cmd}: error: no {LEDGER_NAME} in {d}"
+              + (f" ({report.error})" if report.problem == "truncated" else ""), file=sys.stderr)
         return False
+    check_regular(path, "ledger")
     return True
 
 
@@ -43,11 +52,14 @@ def run_verify(args: argparse.Namespace) -> int:
         emit_json(report.as_dict())
     elif report.ok:
         msg = f"{d / LEDGER_NAME}: {report.rows} rows, chain intact"
+        msg += (f", every row's MAC and the anchor ({report.anchor_rows} rows) check" if report.authenticated
+                else f"; NOT authenticated: {report.note or 'no key'}")
         if report.torn_tail:
             msg += f"; torn last line ({report.torn_tail_bytes} bytes) ignored"
         print(msg)
     else:
-        print(f"{d / LEDGER_NAME}: does not verify after {report.rows} good rows: {report.error}", file=sys.stderr)
+        print(f"{d / LEDGER_NAME}: does not verify ({report.problem}) after {report.rows} good rows: {report.error}",
+              file=sys.stderr)
     return EXIT_OK if report.ok else EXIT_FAILED
 
 

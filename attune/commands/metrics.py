@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
+from attune.bounded import InputError
 from attune.errors import EXIT_FAILED, EXIT_OK, UsageError
 from attune.output import add_json_flag, emit_json
 
@@ -73,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
             raise MetricsInputError(f"--gpus: expected a positive integer, got {args.gpus}")
         if args.hang_after <= 0:
             raise MetricsInputError(f"--hang-after: expected a positive number of seconds, got {args.hang_after}")
+        if os.path.isdir(args.log):
+            raise IsADirectoryError(args.log)
         metrics = read_metrics(
             args.log,
             framework=args.framework,
@@ -85,10 +89,10 @@ def run(args: argparse.Namespace) -> int:
             seconds_since_progress=args.seconds_since_progress,
             hang_after_s=args.hang_after,
         )
-    except MetricsInputError as exc:
-        raise UsageError(str(exc)) from None
     except FileNotFoundError:
         raise UsageError(f"LOG: no such file: {args.log}") from None
+    except (MetricsInputError, InputError) as exc:
+        raise UsageError(str(exc)) from None
     except IsADirectoryError:
         raise UsageError(f"LOG: is a directory, expected a log file: {args.log}") from None
     except OSError as exc:

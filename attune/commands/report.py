@@ -6,9 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from attune.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from attune.commands._ledger_input import check_ledger_file
+from attune.errors import EXIT_FAILED, EXIT_OK
 from attune.ledger import LEDGER_NAME, LedgerError
 from attune.output import add_json_flag, emit_json
+from attune.state import load
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,13 +24,14 @@ def run(args: argparse.Namespace) -> int:
     from attune import report
 
     d = Path(args.dir)
-    if not (d / LEDGER_NAME).is_file():
-        print(f"attune report: error: no {LEDGER_NAME} in {d}", file=sys.stderr)
-        return EXIT_USAGE
+    check_ledger_file(d)  # InputError: exit 2
     try:
+        state, _ = load(d)
+        if state.name is None:
+            raise LedgerError(f"{d / LEDGER_NAME} has no campaign_started row first: not a campaign's ledger")
         md, page, r = report.write(d)
     except LedgerError as exc:
-        print(f"attune report: ledger does not verify: {exc}", file=sys.stderr)
+        print(f"attune report: ledger does not verify ({exc.kind}): {exc}", file=sys.stderr)
         return EXIT_FAILED
     if args.json:
         emit_json({"markdown": str(md), "html": str(page), **r.as_dict()})

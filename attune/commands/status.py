@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from attune.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from attune.commands._ledger_input import check_ledger_file
+from attune.errors import EXIT_FAILED, EXIT_OK
 from attune.ledger import LEDGER_NAME, LedgerError
 from attune.output import add_json_flag, emit_json
 from attune.state import load
@@ -64,26 +65,26 @@ def render(s: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     d = Path(args.dir)
-    if not d.is_dir():
-        print(f"attune status: error: {d} is not a directory", file=sys.stderr)
-        return EXIT_USAGE
-    if not (d / LEDGER_NAME).exists():
-        print(f"attune status: error: no {LEDGER_NAME} in {d} (start the campaign first: attune init {d})",
-              file=sys.stderr)
-        return EXIT_USAGE
+    check_ledger_file(d)  # InputError: exit 2
     try:
         state, result = load(d)
+        if state.name is None:
+            raise LedgerError(f"{d / LEDGER_NAME} holds {state.last_seq + 1} row(s) but no campaign_started row "
+                              "first: not a campaign's ledger", "corrupt")
     except LedgerError as exc:
         if args.json:
-            emit_json({"ok": False, "error": str(exc)})
+            emit_json({"ok": False, "error": str(exc), "problem": exc.kind})
         else:
-            print(f"attune status: ledger does not verify: {exc}", file=sys.stderr)
+            print(f"attune status: ledger does not verify ({exc.kind}): {exc}", file=sys.stderr)
         return EXIT_FAILED
-    payload = {"ok": True, "torn_tail": result.torn_tail is not None, **state.as_dict()}
+    payload = {"ok": True, "torn_tail": result.torn_tail is not None, "authenticated": result.authenticated,
+               **state.as_dict()}
     if args.json:
         emit_json(payload)
     else:
         render(payload)
         if result.torn_tail is not None:
             print(f"warning: torn last line ignored ({len(result.torn_tail)} bytes)", file=sys.stderr)
+        if not result.authenticated:
+            print(f"warning: the ledger's rows were not authenticated: {result.note}", file=sys.stderr)
     return EXIT_OK

@@ -18,6 +18,7 @@ import re
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
+from attune.bounded import InputError, check_regular
 from attune.metrics import failure
 from attune.metrics.records import ParsedLog, Signal
 
@@ -149,11 +150,17 @@ class _Scanner:
                 self.log.signals.append(Signal(cls, pattern, line_no, text[:300]))
 
 
+MAX_LOG_BYTES = 2**30  # a training log larger than this is refused, not streamed for minutes
+
+
 def scan(path: str | os.PathLike[str], parser: LogParser, *, block_size: int = BLOCK_SIZE) -> ParsedLog:
     """Stream `path` through `parser`. Raises OSError if the file cannot be read."""
     log = ParsedLog(framework=parser.framework, path=os.fspath(path))
     scanner = _Scanner(parser, log)
     carry = b""
+    st = check_regular(path, "training log")  # a FIFO or /dev/zero would never end
+    if st.st_size > MAX_LOG_BYTES:
+        raise InputError(f"training log {path}: {st.st_size} bytes, over the limit of {MAX_LOG_BYTES}")
     with open(path, "rb") as fh:
         while True:
             block = fh.read(block_size)

@@ -25,6 +25,8 @@ from typing import IO, Any
 
 import msgspec
 
+from attune.bounded import check_regular
+
 __all__ = ["Args", "Event", "TraceFormatError", "TraceReader", "looks_like_trace", "open_binary"]
 
 CHUNK_BYTES = 2 << 20  # read size; a batch holds about this much event text (larger costs memory, not speed)
@@ -73,6 +75,7 @@ _RAW_DECODER = json.JSONDecoder()
 def open_binary(path: str | Path) -> IO[bytes]:
     """Open a trace for binary reading, decompressing gzip (detected by its magic bytes)."""
     p = Path(path)
+    check_regular(p, "trace")  # a FIFO or /dev/zero would never end
     with open(p, "rb") as fh:
         magic = fh.read(2)
     if magic == _GZIP_MAGIC:
