@@ -324,11 +324,13 @@ class _Auth:
     note: str | None  # why there is no key (chain-only reading)
 
 
-def _reader_auth(campaign_dir: Path, ledger_has_rows: bool) -> _Auth:
+def _reader_auth(campaign_dir: Path, ledger_has_rows: bool, chain_only: bool = False) -> _Auth:
     """The key and anchor a reader checks against, read before the ledger itself (so that a
     concurrent append can only make the file longer than the anchor, never shorter)."""
     key: bytes | None = None
     note: str | None = None
+    if chain_only:
+        return _Auth(None, None, "a copy checked without its key: the chain is checked, not the rows' MACs")
     if os.environ.get(AUTH_ENV, "").strip().lower() == "chain":
         note = f"{AUTH_ENV}=chain: the chain is checked, not the rows' MACs"
     else:
@@ -462,8 +464,12 @@ def _has_rows(path: Path) -> bool:
         return False
 
 
-def read(campaign_dir: Path | str, start_offset: int = 0, start_seq: int = 0, start_prev: str = GENESIS) -> ReadResult:
-    """Read and verify a ledger (or its part from `start_offset`). Raises LedgerError, classified."""
+def read(campaign_dir: Path | str, start_offset: int = 0, start_seq: int = 0, start_prev: str = GENESIS, *,
+         chain_only: bool = False) -> ReadResult:
+    """Read and verify a ledger (or its part from `start_offset`). Raises LedgerError, classified.
+
+    `chain_only`: a published copy of a ledger (a TTB entry's), whose key stays with its campaign:
+    the hash chain and the rows are checked, not the MACs or an anchor."""
     d = Path(campaign_dir)
     path = d / LEDGER_NAME
     result = ReadResult(end_offset=start_offset)
@@ -473,7 +479,7 @@ def read(campaign_dir: Path | str, start_offset: int = 0, start_seq: int = 0, st
         raise LedgerError(f"{path} is not a regular file", "corrupt")
     if start_offset > 0 and os.stat(path).st_size < start_offset:
         raise LedgerError(f"truncated: {path} is shorter than the {start_offset} bytes already read", "truncated")
-    auth = _reader_auth(d, _has_rows(path) or start_seq > 0)
+    auth = _reader_auth(d, _has_rows(path) or start_seq > 0, chain_only)
     result.authenticated = auth.key is not None
     result.anchor_rows = auth.anchor.rows if auth.anchor is not None else None
     result.note = auth.note
@@ -723,8 +729,9 @@ class VerifyReport:
         }
 
 
-def verify(campaign_dir: Path | str) -> VerifyReport:
-    """Check the whole chain, the MACs and the anchor. A torn tail is reported but does not fail."""
+def verify(campaign_dir: Path | str, *, chain_only: bool = False) -> VerifyReport:
+    """Check the whole chain, the MACs and the anchor. A torn tail is reported but does not fail.
+    `chain_only`: see `read`."""
     d = Path(campaign_dir)
     path = d / LEDGER_NAME
     if not os.path.lexists(path):
@@ -736,9 +743,9 @@ def verify(campaign_dir: Path | str) -> VerifyReport:
                 return VerifyReport(False, 0, False, 0, msg, None, "truncated")
         return VerifyReport(False, 0, False, 0, msg, None, "missing")
     try:
-        res = read(d)
+        res = read(d, chain_only=chain_only)
     except LedgerError as exc:
-        good, last = _count_good(d)
+        good, last = _count_good(d, chain_only)
         return VerifyReport(False, good, False, 0, str(exc), last, exc.kind)
     except OSError as exc:
         return VerifyReport(False, 0, False, 0, f"cannot read {path}: {exc.strerror}", None, "unreadable")
@@ -748,11 +755,11 @@ def verify(campaign_dir: Path | str) -> VerifyReport:
                         None, res.authenticated, res.anchor_rows, res.note)
 
 
-def _count_good(d: Path) -> tuple[int, str | None]:
+def _count_good(d: Path, chain_only: bool = False) -> tuple[int, str | None]:
     """How many rows verify (chain and MACs) before the first bad one, and the last good hash."""
     count, last = 0, None
     try:
-        auth = _reader_auth(d, True)
+        auth = _reader_auth(d, True, chain_only)
     except LedgerError:
         auth = _Auth(None, None, None)
     with contextlib.suppress(LedgerError, OSError):

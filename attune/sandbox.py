@@ -145,11 +145,14 @@ def settings(campaign_dir: Path | str, plugin_root: Path | str | None = None) ->
     except OSError:
         pass
     state = _state_dir()
-    deny_read = [str(campaign / ".broker"), str(state)]
+    from attune.ledger import keys_dir
+
+    keys = keys_dir()  # the password database's home: the same place the broker files the keys under
+    deny_read = [str(campaign / ".broker"), str(state), str(keys)]
     plugin_allow, plugin_deny = _plugin_writes(root, campaign)
     allow_write += plugin_allow
     deny_write |= plugin_deny
-    deny_write.add(str(state))
+    deny_write.update({str(state), str(keys)})
     data = os.environ.get("CLAUDE_PLUGIN_DATA")
     if data:
         deny_read.append(str(Path(data).resolve()))

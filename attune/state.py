@@ -390,9 +390,10 @@ def fold(rows: Iterable[ledger_mod.Row]) -> CampaignState:
     return state
 
 
-def load(campaign_dir: Path | str) -> tuple[CampaignState, ledger_mod.ReadResult]:
-    """Rebuild a campaign's state from its ledger (raises LedgerError on a broken chain)."""
-    result = ledger_mod.read(campaign_dir)
+def load(campaign_dir: Path | str, *, chain_only: bool = False) -> tuple[CampaignState, ledger_mod.ReadResult]:
+    """Rebuild a campaign's state from its ledger (raises LedgerError on a broken chain).
+    `chain_only`: a published copy checked without its key (`ledger.read`)."""
+    result = ledger_mod.read(campaign_dir, chain_only=chain_only)
     return fold(result.rows), result
 
 

@@ -26,6 +26,8 @@ Standard library only.
 
 from __future__ import annotations
 
+import posix
+
 from hooks import lightos as os  # os without `import os` (see hooks/lightos.py)
 from hooks import runtime, shell
 
@@ -226,9 +228,9 @@ class Policy:
         if project:
             protected.append(os.path.realpath(os.path.join(project, ".claude")))
             protected.append(os.path.realpath(os.path.join(project, ".mcp.json")))
-        protected.append(_ledger_keys_dir())
+        protected.extend(_ledger_keys_dirs())
         protected = [os.path.realpath(p) for p in protected]
-        unreadable = [os.path.join(campaign, ".broker"), _ledger_keys_dir()]
+        unreadable = [os.path.join(campaign, ".broker"), *_ledger_keys_dirs()]
         if os.environ.get("CLAUDE_PLUGIN_DATA"):
             unreadable.append(os.environ["CLAUDE_PLUGIN_DATA"])
         return cls(
@@ -609,10 +611,25 @@ class Policy:
         return allow(f"{tool} inside the allow-list", path)
 
 
-def _ledger_keys_dir() -> str:
-    """Where the broker keeps the ledger's HMAC keys (never readable or writable by the agent)."""
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.realpath(os.path.join(state, "attune", "ledger-keys"))
+def _ledger_keys_dirs() -> list[str]:
+    """Where the broker keeps the ledger's HMAC keys (never readable or writable by the agent).
+
+    `attune.ledger.keys_dir()` takes `~` from the password database (a session with another $HOME
+    still finds the keys); `$HOME`'s variant is denied too."""
+    state = os.environ.get("XDG_STATE_HOME")
+    if state:
+        homes = []
+        bases = [state]
+    else:
+        homes = [os.path.expanduser("~")]
+        try:
+            import pwd
+
+            homes.append(pwd.getpwuid(posix.getuid()).pw_dir)
+        except (ImportError, KeyError):
+            pass
+        bases = [os.path.join(h, ".local", "state") for h in homes if h and h != "~"]
+    return sorted({os.path.realpath(os.path.join(b, "attune", "ledger-keys")) for b in bases})
 
 
 def _recursive(name: str, args: list[shell.Word]) -> bool:

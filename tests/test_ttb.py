@@ -147,6 +147,24 @@ def _rechain(path: Path, edit) -> None:  # noqa: ANN001 - a callable on each row
     path.write_text("\n".join(out) + "\n")
 
 
+def _reissue(d: Path, edit=None, stop_before: str | None = None) -> None:  # noqa: ANN001
+    """A copied campaign's ledger written again, row by row, under the copy's own key (ledger keys are
+    filed by the directory's real path): optionally with `edit` applied to each row's dict and cut
+    before the first row of type `stop_before`. This is what a campaign that really ended so would hold."""
+    from datetime import datetime
+
+    rows = ledger.read(d, chain_only=True).rows
+    (d / "ledger.jsonl").unlink()
+    book = ledger.Ledger(d)
+    for r in rows:
+        if stop_before and r.type == stop_before:
+            break
+        row = {"type": r.type, "data": json.loads(json.dumps(r.data))}
+        if edit:
+            edit(row)
+        book.append(row["type"], row["data"], now=datetime.fromisoformat(r.ts.replace("Z", "+00:00")))
+
+
 def test_the_template_pins_the_protocol(campaign: Path) -> None:
     from attune.spec import load_spec
 
@@ -190,9 +208,7 @@ def test_submit_refuses_a_campaign_without_the_ttb_workload(tmp_path: Path) -> N
 def test_submit_refuses_a_failed_campaign(campaign: Path, tmp_path: Path) -> None:
     d = tmp_path / "unfinished"
     shutil.copytree(campaign, d)
-    lines = (d / "ledger.jsonl").read_text().splitlines(keepends=True)
-    cut = next(i for i, line in enumerate(lines) if json.loads(line)["type"] == "shipped")
-    (d / "ledger.jsonl").write_text("".join(lines[:cut]))
+    _reissue(d, stop_before="shipped")
     with pytest.raises(SubmitRefused, match="has not shipped"):
         submit(d, tmp_path / "entries", load_prices())
 
@@ -206,7 +222,7 @@ def test_submit_refuses_a_recipe_that_did_not_pass_the_gate(campaign: Path, tmp_
             row["data"]["passed"] = False
             row["data"]["reason"] = "convergence: final loss differs by 9%"
 
-    _rechain(d / "ledger.jsonl", fail)
+    _reissue(d, fail)
     assert ledger.verify(d).ok
     with pytest.raises(SubmitRefused, match="did not pass the correctness gate.*final loss differs"):
         submit(d, tmp_path / "entries", load_prices())

@@ -164,10 +164,11 @@ def submit(campaign_dir: str | Path, out_root: str | Path, prices: PriceTable, *
             put(job_json, "recipe/job.json")
         put(d / "campaign.yaml", "evidence/campaign.yaml")
         put(None, "evidence/ledger.jsonl", reloc.ledger_file(d / ledger.LEDGER_NAME))
-        head = ledger_head(tmp / "evidence")
+        head = ledger_head(tmp / "evidence", copy=True)
         if head["rows"] != source_head["rows"]:
             raise SubmitRefused("the ledger changed while it was being copied; submit again")
         head["source_last_hash"] = source_head["last_hash"]
+        head["authenticated"], head["mac"] = source_head["authenticated"], source_head["mac"]
         entry_id = _slug(f"{spec.model}-{spec.cluster.accelerator}x{spec.cluster.gpus}-{protocol.id}-{head['last_hash'][:10]}")
         final = out_root / entry_id
         if final.exists():
