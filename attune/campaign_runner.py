@@ -263,7 +263,8 @@ class CampaignRunner:
     # --- the steps --------------------------------------------------------------------------
     def run(self) -> TuneResult:
         t0 = time.monotonic()
-        spec, _ = start(self.dir)
+        # A black-box tuner samples the space: the skill's search rules bind the agent and the heuristic only.
+        spec, _ = start(self.dir, search_rules="off" if self.tuner_name in EARLY_ABORT_TUNERS else "enforced")
         if self.tuner_name != "claude":
             make_tuner(spec, self.tuner_name, self.seed, self.max_passes)  # a bad search space fails before any run
         self._ensure_broker()

@@ -96,6 +96,7 @@ class Admission:
     job: ResolvedJob | None = None
     gate: dict[str, Any] | None = None
     budget: dict[str, Any] | None = None
+    items: list[str] = field(default_factory=list)  # what a refusal lacks (the search rules' missing items)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -302,6 +303,7 @@ class Control:
             if not decision.admitted:
                 self.ledger.append("launch_refused", {
                     "reason": decision.reason, "code": decision.code, "kind": request.kind,
+                    "items": list(decision.items),
                     "changes": request.changes, "lever": request.lever, "hypothesis": request.hypothesis,
                     "profile": request.profile,
                 })
@@ -454,6 +456,13 @@ class Control:
                 raise RunGenError("no_change", (
                     "the candidate is the baseline recipe itself (its changes cancel out): the baseline is "
                     "measured by calibration; change a lever"))
+        if req.kind == "search":
+            from attune import search_rules
+
+            r2 = search_rules.check_one_lever(spec, state, cand.args, cand.env)
+            if r2 is not None:
+                return Admission(False, r2.code, r2.line(), kind=req.kind, changes=cand.changes.as_dict(),
+                                 items=r2.items)
         # Layer 1 of the gate on the candidate recipe (flags and environment, before fixes).
         verdict = check_candidate(spec, self.dir, state.list_sha256, spec.baseline.args, cand.args,
                                   spec.baseline.env, cand.env)

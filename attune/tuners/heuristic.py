@@ -14,11 +14,29 @@ order the campaign declares them.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from attune.tuners.base import ArgValue, Candidate, Outcome, Tuner, recipe_key
 
 MEMORY_SAVERS: dict[str, ArgValue] = {"--recompute-granularity": "full", "--recompute-activations": True}
+FULL_RECOMPUTE: dict[str, ArgValue] = {"--recompute-granularity": "full", "--recompute-method": "uniform",
+                                       "--recompute-num-layers": 1}
+Coupler = Callable[[dict[str, ArgValue], str, ArgValue], "dict[str, ArgValue] | None"]
+
+
+def _recompute_fixup(full: dict[str, ArgValue]) -> dict[str, ArgValue]:
+    """Full recomputation needs a method and a layer count; other granularities take neither."""
+    out = dict(full)
+    if out.get("--recompute-granularity") == "full":
+        if out.get("--recompute-method") in (None, False):
+            out["--recompute-method"] = "uniform"
+        if out.get("--recompute-num-layers") in (None, False):
+            out["--recompute-num-layers"] = 1
+    elif "--recompute-granularity" in out:
+        out["--recompute-method"] = None
+        out["--recompute-num-layers"] = None
+    return out
 
 
 class HeuristicTuner(Tuner):
@@ -32,8 +50,16 @@ class HeuristicTuner(Tuner):
         priority: list[str] | None = None,
         hypotheses: dict[str, str] | None = None,
         max_passes: int = 3,
+        couple: Coupler | None = None,
+        extra_baseline: dict[str, ArgValue] | None = None,
     ) -> None:
         super().__init__(space, baseline, seed)
+        # Flags outside the space that a coupled move may set (the pipeline split, recompute details).
+        self.extra = {k: v for k, v in (extra_baseline or {}).items() if k not in space}
+        self.baseline = {**self.extra, **baseline}
+        self.keys = list(space) + list(self.extra)
+        self.couple = couple
+        self.measured: list[str] = []  # levers with at least one measured candidate
         order = [k for k in (priority or []) if k in space] + [k for k in space if k not in (priority or [])]
         self.order = order
         self.hypotheses = hypotheses or {}
@@ -46,7 +72,7 @@ class HeuristicTuner(Tuner):
         self.failures_this_lever = 0
         self.current_lever: str | None = None
         self.improved_this_pass = False
-        self.pending_retry: Candidate | None = None
+        self.pending_retry: deque[Candidate] = deque()
         self.tried.add(recipe_key({}))
         self._lever_iter: deque[str] = deque()
         self._start_pass()
@@ -74,8 +100,17 @@ class HeuristicTuner(Tuner):
             return out
         return [v for v in values if v != cur]
 
+    def _full(self, changes: dict[str, ArgValue]) -> dict[str, ArgValue]:
+        return {**{k: self.baseline.get(k) for k in self.keys}, **changes}
+
     def _candidate(self, lever: str, value: ArgValue, why: str) -> Candidate | None:
-        full = {**{k: self.baseline.get(k) for k in self.space}, **self.leader, lever: value}
+        full: dict[str, ArgValue] | None = {**self._full(self.leader), lever: value}
+        if self.couple is not None and full is not None:
+            full = self.couple(full, lever, value)  # rule 2: a degree moves with the degrees it forces
+        if full is None:
+            return None  # no feasible layout has this value
+        if "--recompute-granularity" in self.space:
+            full = _recompute_fixup(full)
         changes = self.diff(full)
         key = recipe_key(changes)
         if key in self.tried:
@@ -91,9 +126,8 @@ class HeuristicTuner(Tuner):
 
     # ---- the interface -----------------------------------------------------------------
     def ask(self) -> Candidate | None:
-        if self.pending_retry is not None:
-            cand, self.pending_retry = self.pending_retry, None
-            return cand
+        if self.pending_retry:
+            return self.pending_retry.popleft()
         while True:
             while self.queue:
                 lever, value = self.queue.popleft()
@@ -131,18 +165,33 @@ class HeuristicTuner(Tuner):
                 (lever, v) for v in self._values_to_try(lever) if self._beyond(lever, v, tok.get("value"), old)
             )
             return
+        if outcome.outcome != "refused" and lever not in self.measured:
+            self.measured.append(lever)
+        if outcome.outcome == "oom" and not tok.get("retried") and "--recompute-granularity" in self.space \
+                and candidate.changes.get("--recompute-granularity", self.baseline.get("--recompute-granularity")) != "full":
+            # Rule 5: give the layout its memory savings back (full recomputation) and measure it again.
+            changes = self.diff(self._full({**candidate.changes, **FULL_RECOMPUTE}))
+            if recipe_key(changes) not in self.tried:
+                self.tried.add(recipe_key(changes))
+                self.pending_retry.append(Candidate(
+                    changes=changes, lever=lever,
+                    hypothesis=(f"rule 5: {lever}={tok.get('value')} ran out of memory; add back full recomputation "
+                                "and measure again before ruling the layout out"),
+                    token={**tok, "retried": True},
+                ))
+                return
         if outcome.outcome == "oom" and not tok.get("retried"):
             for saver, val in MEMORY_SAVERS.items():
                 if saver in self.space and candidate.changes.get(saver) != val and saver != lever:
                     changes = {**candidate.changes, saver: val}
-                    changes = self.diff({**{k: self.baseline.get(k) for k in self.space}, **changes})
+                    changes = self.diff(self._full(changes))
                     if recipe_key(changes) not in self.tried:
                         self.tried.add(recipe_key(changes))
-                        self.pending_retry = Candidate(
+                        self.pending_retry.append(Candidate(
                             changes=changes, lever=lever,
                             hypothesis=f"rule 5: {lever} ran out of memory; add back {saver}={val} and measure again",
                             token={**tok, "retried": True},
-                        )
+                        ))
                         return
         self.failures_this_lever += 1
         if self.failures_this_lever >= 2:
@@ -162,7 +211,7 @@ class HeuristicTuner(Tuner):
     def summary(self) -> dict[str, Any]:
         return {
             "tuner": self.name,
-            "levers_tested": list(self.order),
+            "levers_tested": [k for k in self.order if k in self.measured],
             "levers_won": list(self.won),
             "ruled_out": dict(self.ruled_out),
             "leader_changes": dict(self.leader),
