@@ -36,6 +36,7 @@ from attune.tuners.driver import drive
 from attune.tuners.factory import BUILT_IN, make_tuner
 
 TUNERS = ("claude", *BUILT_IN)
+MAX_REFUSED_CALIBRATIONS = 5  # refused calibration launches in a row before the runner gives up
 EARLY_ABORT_TUNERS = ("tpe", "tpe-prefilter", "random")
 
 
@@ -290,6 +291,7 @@ class CampaignRunner:
 
     def calibrate(self, client: Any, spec: CampaignSpec) -> None:
         required = spec.calibration.runs
+        refused: list[dict[str, Any]] = []  # refused calibration launches since the last admitted one
         while True:
             self._progress()
             st = self.state()
@@ -309,8 +311,18 @@ class CampaignRunner:
             room = spec.budget.concurrency - len(st.in_flight)
             for _ in range(max(0, min(want, room))):
                 status, payload = client.launch(kind="calibration")
-                if status != 201:
-                    break
+                if status == 201 and payload.get("admitted", True):
+                    refused.clear()
+                    continue
+                if payload.get("code") != "concurrency":
+                    refused.append(payload)
+                if len(refused) >= MAX_REFUSED_CALIBRATIONS:
+                    last = refused[-1]
+                    raise RunnerError(
+                        f"the control plane refused {len(refused)} calibration launches in a row (last: "
+                        f"{last.get('code') or last.get('error')}: {str(last.get('reason'))[:400]}); nothing can be "
+                        "measured until that is fixed (attune validate checks the spec)")
+                break
             time.sleep(self.poll_s)
 
     def search(self, client: Any, spec: CampaignSpec) -> None:
@@ -329,7 +341,14 @@ class CampaignRunner:
         def on_outcome(_c: Candidate, _o: Outcome) -> None:
             self._progress()
 
-        drive(tuner, plane, early_abort=self.tuner_name in EARLY_ABORT_TUNERS, on_outcome=on_outcome)
+        from broker.tuner_plane import StopRefusedError
+
+        try:
+            drive(tuner, plane, early_abort=self.tuner_name in EARLY_ABORT_TUNERS, on_outcome=on_outcome)
+        except StopRefusedError as exc:
+            raise RunnerError(
+                f"the {self.tuner_name} tuner has nothing left to try, but {exc} (widen the search space so "
+                "the rules can be met, or give the campaign to an agent)") from None
         self.replayed = plane.replayed
         if plane.replayed and self.say:
             self.say(f"resumed: {plane.replayed} candidate(s) answered from the ledger, none launched twice")

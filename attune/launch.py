@@ -143,14 +143,24 @@ class GateVerdict:
 _LISTS: dict[tuple[str, str], Any] = {}  # (path, sha256) -> the parsed list: a list is parsed once per content
 
 
+def gate_list_source(spec: CampaignSpec, campaign_dir: Path | str) -> str | Path:
+    """What `gate.lists` names: a built-in list name (`llama31-405b`, a file in gate/lists/) when it is a
+    bare name, else a list file (relative to the campaign directory); unset: the model's built-in list.
+    The broker and `attune validate` both resolve it here."""
+    lists = spec.gate.lists
+    if not lists:
+        return spec.model
+    p = Path(lists)
+    if p.suffix not in (".yaml", ".yml") and len(p.parts) == 1:
+        return lists
+    return p if p.is_absolute() else (Path(campaign_dir) / p)
+
+
 def load_gate_list(spec: CampaignSpec, campaign_dir: Path, list_sha256: str | None) -> Any:
     """The campaign's correctness list, parsed once per content; raises gate.lists.ListError or OSError."""
     from gate.lists import list_path, load_list
 
-    source: str | Path = spec.model
-    if spec.gate.lists:
-        p = Path(spec.gate.lists)
-        source = p if p.is_absolute() else (Path(campaign_dir) / p)
+    source = gate_list_source(spec, campaign_dir)
     pinned = list_sha256 or spec.gate.list_sha256
     path = list_path(source)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()

@@ -69,9 +69,19 @@ class Refusal:
         return f"[{self.code}] {self.message}" + (": " + "; ".join(self.items) if self.items else "")
 
 
+def budget_exhausted(state: CampaignState) -> bool:
+    """The search budget is spent: nothing left, or less than one more run costs (a calibration run's mean charge)."""
+    b = state.budget
+    if b.spent:
+        return True
+    left = b.search_remaining
+    charges = [state.runs[r].charge_gpu_hours for r in state.calibration_run_ids if r in state.runs]
+    return left is not None and bool(charges) and left < sum(charges) / len(charges)
+
+
 def enforced(state: CampaignState) -> bool:
     """Whether the rules bind now: the campaign follows them and its search budget is not spent."""
-    return state.search_rules != RULES_OFF and not state.budget.spent
+    return state.search_rules != RULES_OFF and not budget_exhausted(state)
 
 
 # ----------------------------------------------------------------------------------- recipes
@@ -415,8 +425,8 @@ def stop_refusals(spec: CampaignSpec, state: CampaignState, levers_tested: list[
         if est is not None and leader_s is not None and est >= leader_s:
             continue  # the estimate ranks it no faster than the leader
         retried = False
-        for o in runs:
-            if o.admitted_seq is None or r.admitted_seq is None or o.admitted_seq <= r.admitted_seq:
+        for o in runs:  # a run of the same layout with more savings, before or after, answers the question
+            if o.run_id == r.run_id:
                 continue
             oa = full[o.run_id][0]
             if layout_key(oa, gpus) != key:

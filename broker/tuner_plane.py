@@ -14,6 +14,15 @@ from attune.tuners.base import Candidate, Outcome, split_changes
 from broker.client import BrokerClient
 
 
+class StopRefusedError(RuntimeError):
+    """The control plane refused the tuner's stop (search rules): each refusal's code and missing items."""
+
+    def __init__(self, refusals: list[dict[str, Any]]) -> None:
+        self.refusals = refusals
+        super().__init__("the control plane refused the stop: " + "; ".join(
+            f"[{r.get('code')}] {', '.join(str(x) for x in r.get('items') or [])}" for r in refusals))
+
+
 class BrokerControlPlane:
     """`ControlPlane` over a broker client (one campaign's token)."""
 
@@ -67,5 +76,7 @@ class BrokerControlPlane:
         diagnosis = (f"{evidence.get('tuner', 'tuner')}: {evidence.get('reason', 'stopped')}; "
                      f"{evidence.get('launches', 0)} launches, {evidence.get('failed', 0)} failed")
         status, payload = self.client.call("POST", "/v1/stop", body={"levers_tested": levers, "diagnosis": diagnosis})
+        if status == 409 and payload.get("error") == "stop_refused":
+            raise StopRefusedError(list(payload.get("refusals") or []))
         if status != 201 and "already recorded" not in str(payload.get("reason")):
             raise RuntimeError(f"the broker refused the stop record: {payload}")

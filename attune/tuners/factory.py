@@ -220,12 +220,13 @@ def make_tuner(spec: CampaignSpec, name: str, seed: int = 0, max_passes: int = 3
         order, hypotheses = catalog_guidance(spec, list(space))
         couple = layout_coupler(spec)
         extra = {}
-        for f in (*SPLIT_FLAGS, *RECOMPUTE_FLAGS, *DEGREE_FLAGS.values()):
+        for f in (*SPLIT_FLAGS, *RECOMPUTE_FLAGS, "--recompute-granularity", *DEGREE_FLAGS.values()):
             if f not in space:
                 v = spec.baseline.args.get(f)
                 extra[f] = None if v is False else v
         return HeuristicTuner(space, baseline, seed=seed, priority=order, hypotheses=hypotheses,
-                              max_passes=max_passes, couple=couple, extra_baseline=extra)
+                              max_passes=max_passes, couple=couple, extra_baseline=extra,
+                              memory_retry=spec.framework == "megatron-lm" or "--recompute-granularity" in space)
     if name == "random":
         return RandomTuner(space, baseline, seed=seed)
     if name == "tpe":

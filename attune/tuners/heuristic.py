@@ -52,6 +52,7 @@ class HeuristicTuner(Tuner):
         max_passes: int = 3,
         couple: Coupler | None = None,
         extra_baseline: dict[str, ArgValue] | None = None,
+        memory_retry: bool | None = None,
     ) -> None:
         super().__init__(space, baseline, seed)
         # Flags outside the space that a coupled move may set (the pipeline split, recompute details).
@@ -60,6 +61,9 @@ class HeuristicTuner(Tuner):
         self.keys = list(space) + list(self.extra)
         self.couple = couple
         self.measured: list[str] = []  # levers with at least one measured candidate
+        # Rule 5's retry adds full recomputation (a Megatron memory saving) even where the space has no
+        # recompute lever: the retry is part of the rule, not a search choice.
+        self.memory_retry = "--recompute-granularity" in space if memory_retry is None else memory_retry
         order = [k for k in (priority or []) if k in space] + [k for k in space if k not in (priority or [])]
         self.order = order
         self.hypotheses = hypotheses or {}
@@ -109,7 +113,7 @@ class HeuristicTuner(Tuner):
             full = self.couple(full, lever, value)  # rule 2: a degree moves with the degrees it forces
         if full is None:
             return None  # no feasible layout has this value
-        if "--recompute-granularity" in self.space:
+        if "--recompute-granularity" in self.space or self.memory_retry:
             full = _recompute_fixup(full)
         changes = self.diff(full)
         key = recipe_key(changes)
@@ -167,7 +171,7 @@ class HeuristicTuner(Tuner):
             return
         if outcome.outcome != "refused" and lever not in self.measured:
             self.measured.append(lever)
-        if outcome.outcome == "oom" and not tok.get("retried") and "--recompute-granularity" in self.space \
+        if outcome.outcome == "oom" and not tok.get("retried") and self.memory_retry \
                 and candidate.changes.get("--recompute-granularity", self.baseline.get("--recompute-granularity")) != "full":
             # Rule 5: give the layout its memory savings back (full recomputation) and measure it again.
             changes = self.diff(self._full({**candidate.changes, **FULL_RECOMPUTE}))
