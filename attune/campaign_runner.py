@@ -285,6 +285,9 @@ class CampaignRunner:
             stop.set()
             ticker.join(timeout=5)
         self._progress()
+        from attune.summary import write_summary
+
+        write_summary(self.dir)  # notes/summary.md (kept if the agent wrote one), read by the next campaign
         md, page, rep = report_mod.write(self.dir)
         return TuneResult(self.dir, self.tuner_name, (st.shipped or {}).get("run_id"), md, page,
                           dict(rep.headline.__dict__), time.monotonic() - t0, self.replayed, self.notes)

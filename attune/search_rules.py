@@ -19,7 +19,9 @@ Codes:
 
 Lever identity comes from the skill's lever catalog (`skills/attune/catalog/levers.yaml`): a flag
 belongs to the levers that list it, and two levers form a coupled set when either names the other
-in its `couplings`. A flag the catalog does not know is its own lever.
+in its `couplings`; a layout lever and a memory saving (recompute, offload) are one set (rule 5's
+retry). A flag the catalog does not know is its own lever, and all such flags together count as one
+set (nothing says they are unrelated).
 """
 
 from __future__ import annotations
@@ -215,6 +217,8 @@ def coupled_groups(spec: CampaignSpec, names: Iterable[str]) -> list[list[str]]:
         la, lb = lev[a], lev[b]
         if la & lb:
             return True
+        if la == {a} and lb == {b}:
+            return True  # flags the catalog does not know cannot be told apart: they count as one set
         return any(coupled.get(x, frozenset()) & lb for x in la)
 
     groups: list[list[str]] = []
@@ -277,15 +281,23 @@ def _launched_names(spec: CampaignSpec, state: CampaignState) -> dict[str, set[s
     return out
 
 
-def _flags_for(spec: CampaignSpec, lever: str) -> set[str]:
-    """The flags a lever name stands for: itself when it is a flag, else the catalog's flags."""
+def _flags_for(spec: CampaignSpec, state: CampaignState, lever: str) -> set[str]:
+    """The flags a lever name stands for: itself when it is a flag, else the catalog's flags, and the flags
+    changed by the runs launched under that lever name."""
     if lever.startswith("--") or lever in spec.baseline.env or lever.isupper():
         return {lever}
+    out: set[str] = set()
     try:
         flags, _ = _catalog(_framework(spec))
+        out = {f for f, ids in flags.items() if lever in ids}
     except Exception:
-        return {lever}
-    return {f for f, ids in flags.items() if lever in ids} or {lever}
+        pass
+    base_args, base_env = recipe(spec, None)
+    for r in _search_runs(state):
+        if r.lever == lever:
+            a, e = recipe(spec, r.changes)
+            out |= set(changed_names(base_args, base_env, a, e))
+    return out or {lever}
 
 
 def _at_limit(spec: CampaignSpec, flag: str, value: Any, feasible: dict[str, list[int]] | None) -> bool:
@@ -377,7 +389,7 @@ def stop_refusals(spec: CampaignSpec, state: CampaignState, levers_tested: list[
     for lv in levers_tested:
         if lv in not_run:
             continue
-        flags = _flags_for(spec, lv)
+        flags = _flags_for(spec, state, lv)
         if flags & leader_names:
             continue
         values: set[tuple[str, str]] = set()
