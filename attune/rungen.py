@@ -314,8 +314,8 @@ class RunGenerator:
         if any(f in prof for f in ("--profile-step-start", "--profile-step-end", "--profile-ranks")):
             return {}  # the campaign chose its own window
         steps = self.spec.workload.steps_per_run
-        out: dict[str, ArgValue] = {"--profile-step-start": steps, "--profile-step-end": steps + extra,
-                                    "--train-iters": steps + extra}
+        out: dict[str, ArgValue] = {"--use-pytorch-profiler": True, "--profile-step-start": steps,
+                                    "--profile-step-end": steps + extra, "--train-iters": steps + extra}
         gpus = self.spec.cluster.gpus
         try:
             pp = int(args.get("--pipeline-model-parallel-size") or 1)

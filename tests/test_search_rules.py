@@ -193,6 +193,21 @@ def test_rule2_one_lever_or_one_coupled_set_relative_to_the_leader(glm) -> None:
                                "code_locations": {}}).admitted
 
 
+def test_a_profiled_run_traces_three_steps_after_the_window_on_one_rank_per_stage(glm) -> None:  # type: ignore[no-untyped-def]
+    d, _ = glm()
+    out = Control(d).admit({"kind": "search", "changes": {"args": {PP: 16, EP: 8, **SPLIT}}, "hypothesis": "h",
+                            "lever": "pp", "expected_gain": 0.1, "code_locations": {}, "profile": True})
+    assert out.admitted, out.reason
+    job = json.loads((d / "runs" / str(out.run_id) / "job.json").read_text())
+    a = job["args"]
+    # the scored window is steps 4-13 of 14: the trace covers 14, 15 and 16, after it
+    assert (a["--profile-step-start"], a["--profile-step-end"], a["--train-iters"]) == (14, 17, 17)
+    assert a["--profile-ranks"] == " ".join(str(8 * s) for s in range(16))  # 128 GPUs / PP 16
+    argv = job["argv"]
+    i = argv.index("--profile-ranks")
+    assert argv[i + 1:i + 17] == [str(8 * s) for s in range(16)]
+
+
 def test_the_stop_hook_shows_the_refusal_codes_and_items(glm) -> None:  # type: ignore[no-untyped-def]
     d, book = glm()
     (d / "notes").mkdir()
