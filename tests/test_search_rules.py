@@ -220,3 +220,35 @@ def test_the_stop_hook_shows_the_refusal_codes_and_items(glm) -> None:  # type: 
     assert "TP1/PP16/CP1/EP8" in out["reason"] and "retry each listed out-of-memory layout" in out["reason"]
     log = [json.loads(x) for x in (d / "hooks.log.jsonl").read_text().splitlines()]
     assert log[-1]["codes"] == ["no_stop", "rule5_oom_not_retried", "not_shipped"]
+
+
+def test_summary_is_written_to_notes_and_offered_to_the_next_campaign_on_the_model(glm, tmp_path: Path,
+                                                                                   monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from attune.campaign import record_diagnosis
+    from attune.summary import write_summary
+
+    d, book = glm()
+    oom = book.run({TP: 1, PP: 16, EP: 8, **SPLIT}, outcome="oom", lever="tp1")
+    win = book.run({TP: 1, PP: 16, EP: 8, **SPLIT, **FULL}, tps=1070.0, verdict="leader", lever="tp1")
+    record_diagnosis(d, win, "host launches between one-row microbatches absorb the recompute", "host launches")
+    history = tmp_path / "history"
+    monkeypatch.setenv("ATTUNE_HISTORY_DIR", str(history))
+    path = write_summary(d)
+    text = path.read_text()
+    assert path == d / "notes" / "summary.md" and text.splitlines()[2] == "model: glm-4.5"
+    assert f"- {win}: " in text and f"- {oom}: " in text and "-> oom" in text and "host launches:" in text
+    assert "--context-parallel-size" in text.split("## Levers left untried")[1]  # never changed
+    assert (history / "glm45-128xb200-sim.md").read_text() == text
+    (d / "notes" / "summary.md").write_text("model: glm-4.5\n\nthe agent's own summary\n")
+    write_summary(d)  # an agent-written summary is kept
+    assert (d / "notes" / "summary.md").read_text().endswith("the agent's own summary\n")
+
+    nxt, _ = glm(search_rules="off", calibrate=False)  # a sibling campaign on the same model
+    (nxt / "notes").mkdir()
+    monkeypatch.delenv("ATTUNE_HISTORY_DIR")
+    out, _ = run_hook("session_start", {"source": "startup"}, nxt)
+    context = out["hookSpecificOutput"]["additionalContext"] if out else ""
+    assert "earlier campaign(s) on the same model or stack" in context and "the agent's own summary" in context
+    out, _ = run_hook("session_start", {"source": "startup"}, nxt, ATTUNE_HISTORY_DIR=str(history))
+    context = out["hookSpecificOutput"]["additionalContext"] if out else ""
+    assert "Summaries of 2 earlier campaign(s)" in context and str(history / "glm45-128xb200-sim.md") in context
