@@ -67,14 +67,20 @@ def run(name: str, seed: int | None, tmp: Path) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--glm-seeds", type=int, nargs="*", default=[1, 2, 3])
+    ap.add_argument("--only-glm", action="store_true", help="skip the other examples")
+    ap.add_argument("--keep", type=Path, help="keep the campaign directories under this (new) directory")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as t:
+        where = Path(t)
+        if args.keep:
+            args.keep.mkdir(parents=True)
+            where = args.keep
         for seed in args.glm_seeds:
-            rows.append(run("glm45-128xb200", seed, Path(t)))
-        for name in SIM[1:]:
-            rows.append(run(name, None, Path(t)))
+            rows.append(run("glm45-128xb200", seed, where))
+        for name in [] if args.only_glm else SIM[1:]:
+            rows.append(run(name, None, where))
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
