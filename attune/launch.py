@@ -289,6 +289,13 @@ class Control:
         base = self.run_cost(state)
         if base is None:
             return None
+        if kind == "search":
+            # Candidates slower than the baseline run longer: once search runs have finished, a search
+            # launch is expected to cost at least their mean, so the search does not eat the check reserve.
+            done = [r.charge_gpu_hours for r in state.runs.values() if r.kind == "search" and r.status == "finished"
+                    and r.outcome == "ok" and not r.profile]
+            if done:
+                base = max(base, statistics.fmean(done))
         w = self.spec.workload
         if profile:
             base *= (w.steps_per_run + self.spec.control.profile_extra_steps) / w.steps_per_run

@@ -32,6 +32,10 @@ TP, PP, EP = "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "
 
 def run(name: str, seed: int | None, tmp: Path) -> dict[str, Any]:
     d = tmp / f"{name}-{seed}"
+    n = 1
+    while d.exists():
+        n += 1
+        d = tmp / f"{name}-{seed}-{n}"
     d.mkdir()
     text = (EXAMPLES / name / "campaign.yaml").read_text()
     if seed is not None:
@@ -53,6 +57,7 @@ def run(name: str, seed: int | None, tmp: Path) -> dict[str, Any]:
         "shipped_changes": args, "gain": None, "charged_gpu_hours": round(st.budget.charged, 1),
         "launches": len(search), "failed": sum(1 for r in search if r.outcome in ("oom", "hang", "crash")),
         "stop_refusals": sum(1 for r in [st.stop_refusal] if r), "wall_s": round(wall, 1),
+        "ship_reason": (st.shipped or {}).get("reason"), "dir": str(d),
     }
     if res.returncode == 0:
         out["gain"] = json.loads(res.stdout)["headline"].get("gain")

@@ -2,9 +2,11 @@
 
 It is the fallback where no agent is available. From the leader, it changes one lever at a time
 (rule 2), trying a lever's values nearest the leader's first; a lever is ruled out only after two
-of its values fail to beat the leader, or when its values run out (rule 4). A candidate that runs
-out of memory is retried once with the memory-saving lever added back (rule 5). When a lever wins,
-the levers that won before are re-tested on the new leader (rule 6). It stops, with evidence, when
+of its values fail to beat the leader, or when its values run out (rule 4); a parallel degree moves
+with the degrees it forces (the factory's layout coupler: the nearest feasible layout). A candidate
+that runs out of memory is retried once with full recomputation added (rule 5). When a parallel
+degree wins, every lever is probed again from the new layout at once; after a pass that improved
+the leader, the levers that won before are re-tested on it first (rule 6). It stops, with evidence, when
 a full pass over the levers finds nothing that beats the leader.
 
 Levers are taken in the order of `priority` (the catalog's expected-gain order), else in the
@@ -20,6 +22,9 @@ from typing import Any
 from attune.tuners.base import ArgValue, Candidate, Outcome, Tuner, recipe_key
 
 MEMORY_SAVERS: dict[str, ArgValue] = {"--recompute-granularity": "full", "--recompute-activations": True}
+LAYOUT_FLAGS = frozenset({"--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
+                          "--expert-model-parallel-size", "--expert-tensor-parallel-size",
+                          "--num-virtual-stages-per-pipeline-rank"})
 FULL_RECOMPUTE: dict[str, ArgValue] = {"--recompute-granularity": "full", "--recompute-method": "uniform",
                                        "--recompute-num-layers": 1}
 Coupler = Callable[[dict[str, ArgValue], str, ArgValue], "dict[str, ArgValue] | None"]
@@ -61,6 +66,7 @@ class HeuristicTuner(Tuner):
         self.keys = list(space) + list(self.extra)
         self.couple = couple
         self.measured: list[str] = []  # levers with at least one measured candidate
+        self.restart = False  # a layout lever won: probe every lever again from the new leader
         # Rule 5's retry adds full recomputation (a Megatron memory saving) even where the space has no
         # recompute lever: the retry is part of the rule, not a search choice.
         self.memory_retry = "--recompute-granularity" in space if memory_retry is None else memory_retry
@@ -140,6 +146,12 @@ class HeuristicTuner(Tuner):
                     return cand
             if self.current_lever is not None and self.current_lever not in self.ruled_out:
                 self.ruled_out[self.current_lever] = "values exhausted without beating the leader"
+            if self.restart:
+                # The layout moved: its neighbours are new recipes (a lower TP may now fit a deeper
+                # pipeline), so every lever is probed again from the new leader, in priority order.
+                self.restart = False
+                self.ruled_out = {}
+                self._lever_iter = deque(self.order)
             if not self._lever_iter:
                 if not self.improved_this_pass or self.passes >= self.max_passes:
                     return None
@@ -157,10 +169,13 @@ class HeuristicTuner(Tuner):
     def tell(self, candidate: Candidate, outcome: Outcome) -> None:
         tok: dict[str, Any] = candidate.token or {}
         lever = tok.get("lever", candidate.lever)
+        if outcome.outcome != "refused" and lever not in self.measured:
+            self.measured.append(lever)
         if outcome.promoted:
             old = self._value(lever)
             self.leader = dict(candidate.changes)
             self.improved_this_pass = True
+            self.restart = self.restart or lever in LAYOUT_FLAGS
             if lever not in self.won:
                 self.won.append(lever)
             # Keep moving in the direction that won, drop the other direction.
@@ -169,8 +184,6 @@ class HeuristicTuner(Tuner):
                 (lever, v) for v in self._values_to_try(lever) if self._beyond(lever, v, tok.get("value"), old)
             )
             return
-        if outcome.outcome != "refused" and lever not in self.measured:
-            self.measured.append(lever)
         if outcome.outcome == "oom" and not tok.get("retried") and self.memory_retry \
                 and candidate.changes.get("--recompute-granularity", self.baseline.get("--recompute-granularity")) != "full":
             # Rule 5: give the layout its memory savings back (full recomputation) and measure it again.
