@@ -424,6 +424,7 @@ def stop_refusals(spec: CampaignSpec, state: CampaignState, levers_tested: list[
                 "(a degree the layout enumerator shows infeasible to move is exempt)"), missing))
     # Rule 5: an out-of-memory layout the estimate ranks faster, retried with more memory savings.
     leader_s = _estimate_step_s(spec, l_args, l_env)
+    leader_save = memory_savings(l_args)
     open5: list[str] = []
     for r in runs:
         if r.outcome != "oom":
@@ -431,8 +432,8 @@ def stop_refusals(spec: CampaignSpec, state: CampaignState, levers_tested: list[
         a, e = full[r.run_id]
         key = layout_key(a, gpus)
         save = memory_savings(a)
-        if save[0] >= 2 and save[1] > 0:
-            continue  # nothing left to add back
+        if save[0] >= 2 and save[1] >= leader_save[1]:
+            continue  # nothing left to add back: full recomputation, and every offload the leader uses
         est = _estimate_step_s(spec, a, e)
         if est is not None and leader_s is not None and est >= leader_s:
             continue  # the estimate ranks it no faster than the leader

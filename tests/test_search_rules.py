@@ -150,6 +150,10 @@ def test_rule5_an_oom_layout_ranked_faster_is_retried_with_memory_savings(glm) -
     assert list(codes) == ["rule5_oom_not_retried"] and len(codes["rule5_oom_not_retried"]) == 1
     assert codes["rule5_oom_not_retried"][0].startswith(f"{oom} TP1/PP16/CP1/EP8")
     book.run({**tp1, **FULL}, tps=1070.0, verdict="leader", lever="tp1")  # the paper's winner
+    # a layout that ran out of memory with full recomputation already, and no offload the leader uses:
+    # nothing is left to add back
+    book.run({TP: 1, PP: 2, EP: 8, "--decoder-first-pipeline-num-layers": None,
+              "--decoder-last-pipeline-num-layers": None, **FULL}, outcome="oom")
     assert record_stop(d, [TP, PP, CP], "converged").type == "stop_recorded"
 
 
