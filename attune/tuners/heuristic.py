@@ -30,8 +30,11 @@ FULL_RECOMPUTE: dict[str, ArgValue] = {"--recompute-granularity": "full", "--rec
 Coupler = Callable[[dict[str, ArgValue], str, ArgValue], "dict[str, ArgValue] | None"]
 
 
-def _recompute_fixup(full: dict[str, ArgValue]) -> dict[str, ArgValue]:
-    """Full recomputation needs a method and a layer count; other granularities take neither."""
+def _recompute_fixup(full: dict[str, ArgValue], baseline: dict[str, ArgValue]) -> dict[str, ArgValue]:
+    """A granularity moved away from the baseline's: full recomputation needs a method and a layer count
+    (Megatron), other granularities take neither. The baseline's own granularity is left as it is."""
+    if full.get("--recompute-granularity") == baseline.get("--recompute-granularity"):
+        return full
     out = dict(full)
     if out.get("--recompute-granularity") == "full":
         if out.get("--recompute-method") in (None, False):
@@ -120,7 +123,7 @@ class HeuristicTuner(Tuner):
         if full is None:
             return None  # no feasible layout has this value
         if "--recompute-granularity" in self.space or self.memory_retry:
-            full = _recompute_fixup(full)
+            full = _recompute_fixup(full, self.baseline)
         changes = self.diff(full)
         key = recipe_key(changes)
         if key in self.tried:
