@@ -473,7 +473,7 @@ class Control:
                 raise RunGenError("no_change", (
                     "the candidate is the baseline recipe itself (its changes cancel out): the baseline is "
                     "measured by calibration; change a lever"))
-        if req.kind == "search":
+        if req.kind == "search" and not (req.profile and edits.empty):  # a profiled re-run of a recipe is no new candidate
             from attune import search_rules
 
             r2 = search_rules.check_one_lever(spec, state, cand.args, cand.env)

@@ -176,7 +176,7 @@ def test_black_box_campaigns_are_not_bound_by_the_skill_rules(glm) -> None:  # t
 
 
 def test_rule2_one_lever_or_one_coupled_set_relative_to_the_leader(glm) -> None:  # type: ignore[no-untyped-def]
-    d, _ = glm()
+    d, book = glm()
     c = Control(d)
 
     def ask(args: dict[str, Any]) -> Any:
@@ -187,8 +187,18 @@ def test_rule2_one_lever_or_one_coupled_set_relative_to_the_leader(glm) -> None:
     assert not two.admitted and two.code == "rule2_one_lever"
     assert sorted(two.items) == sorted([f"{TP} (data-parallel, tensor-parallel)", f"{DISPATCHER} (moe-dispatcher)"])
     # a deeper pipeline with a narrower EP and its split is one coupled set; so is TP with recomputation (rule 5)
-    assert ask({PP: 16, EP: 8, **SPLIT}).admitted
+    pp16 = ask({PP: 16, EP: 8, **SPLIT})
+    assert pp16.admitted
     assert ask({TP: 1, PP: 16, EP: 8, **SPLIT, **FULL}).code in ("concurrency", None)
+    # a profiled re-run of an earlier recipe is no new candidate: rule 2 does not apply to it, even when
+    # the leader has moved on since (here to no permute fusion: two sets away from the PP16 recipe)
+    book.n = 100
+    book.run({"--moe-permute-fusion": None}, tps=800.0, verdict="leader")
+    prof = c.admit({"kind": "search", "changes": {}, "base": pp16.run_id, "profile": True, "hypothesis": "h",
+                    "lever": "profile", "expected_gain": 0.0})
+    assert prof.admitted, (prof.code, prof.reason)
+    again = ask({PP: 16, EP: 8, **SPLIT, CP: 2})  # a candidate two sets from the new leader
+    assert again.code in ("rule2_one_lever", "concurrency")
     refused = [json.loads(x) for x in (d / "ledger.jsonl").read_text().splitlines() if '"launch_refused"' in x]
     assert refused[0]["data"]["code"] == "rule2_one_lever" and refused[0]["data"]["items"]
     off, _ = glm(search_rules="off")
