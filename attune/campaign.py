@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from attune import ledger as ledger_mod
 from attune.spec import CampaignSpec, load_spec, spec_sha256
@@ -26,8 +27,12 @@ class CampaignError(Exception):
     """The campaign directory cannot be used as it is."""
 
 
-def start(campaign_dir: Path | str, list_sha256: str | None = None) -> tuple[CampaignSpec, CampaignState]:
+def start(campaign_dir: Path | str, list_sha256: str | None = None,
+          search_rules: str = "enforced") -> tuple[CampaignSpec, CampaignState]:
     """Validate the spec and, on a new ledger, record `campaign_started` with the spec's hash.
+
+    `search_rules`: "enforced" (the agent and the heuristic tuner: the control plane enforces the
+    skill's search rules 2, 4, 5 and 6) or "off" (a black-box tuner, which samples the space).
 
     On an existing ledger, the spec must still hash to the pinned value: a campaign's spec is
     frozen once it starts. Raises SpecError (bad spec) or CampaignError (changed spec).
@@ -67,6 +72,7 @@ def start(campaign_dir: Path | str, list_sha256: str | None = None) -> tuple[Cam
             "steps_per_run": spec.workload.steps_per_run,
             "tokens_per_step": spec.workload.tokens,
             "replicate_check_runs": spec.gate.replicate_check_runs,
+            "search_rules": "off" if search_rules == "off" else "enforced",
         },
     )
     state, _ = load(d)
@@ -75,6 +81,14 @@ def start(campaign_dir: Path | str, list_sha256: str | None = None) -> tuple[Cam
 
 class RecordError(Exception):
     """A record the campaign refuses (missing evidence, a wrong leader)."""
+
+
+class StopRefused(RecordError):
+    """A stop the search rules refuse: each refusal has a code and the missing items."""
+
+    def __init__(self, refusals: list[Any]) -> None:
+        self.refusals = refusals
+        super().__init__("the stop is refused: " + " | ".join(r.line() for r in refusals))
 
 
 MAX_TEXT = 8000
@@ -103,6 +117,28 @@ def record_assumption(
     return ledger_mod.Ledger(campaign_dir).append("assumption_recorded", data)
 
 
+def record_diagnosis(campaign_dir: Path | str, run_id: str, text: str,
+                     bottleneck: str | None = None) -> ledger_mod.Row:
+    """Record the diagnosis of one finished run: what bounds its step, and why (kept in the ledger and the report)."""
+    body = _text("diagnosis", text)
+    neck = _text("bottleneck", bottleneck, required=False)
+    if not isinstance(run_id, str) or not run_id.strip():
+        raise RecordError("run_id is required")
+    with campaign_lock(campaign_dir):
+        state, _ = load(campaign_dir)
+        if state.name is None:
+            raise RecordError("the campaign has not started")
+        run = state.runs.get(run_id)
+        if run is None:
+            raise RecordError(f"no run {run_id!r} in this campaign")
+        if run.status != "finished":
+            raise RecordError(f"run {run_id} has not finished yet: diagnose it once it has")
+        data: dict[str, Any] = {"text": body, "run_id": run_id}
+        if neck:
+            data["bottleneck"] = neck
+        return ledger_mod.Ledger(campaign_dir).append("diagnosis_recorded", data)
+
+
 def record_stop(
     campaign_dir: Path | str, levers_tested: list[str], diagnosis: str, leader: str | None = None
 ) -> ledger_mod.Row:
@@ -128,6 +164,16 @@ def _append_stop(campaign_dir: Path | str, levers: list[str | None], text: str |
     actual = state.leader_run_id
     if leader is not None and leader != actual:
         raise RecordError(f"the campaign's leader is {actual!r}, not {leader!r}")
+    from attune import search_rules
+
+    spec = load_spec(Path(campaign_dir) / "campaign.yaml")
+    refusals = search_rules.stop_refusals(spec, state, [lv for lv in levers if lv])
+    if refusals:
+        ledger_mod.Ledger(campaign_dir).append("stop_refused", {
+            "refusals": [r.as_dict() for r in refusals], "codes": [r.code for r in refusals],
+            "levers_tested": levers, "diagnosis": text,
+        })
+        raise StopRefused(refusals)
     tested = sorted({r.lever for r in state.runs.values() if r.kind == "search" and r.lever})
     return ledger_mod.Ledger(campaign_dir).append(
         "stop_recorded",

@@ -36,6 +36,7 @@ from attune.tuners.driver import drive
 from attune.tuners.factory import BUILT_IN, make_tuner
 
 TUNERS = ("claude", *BUILT_IN)
+MAX_REFUSED_CALIBRATIONS = 5  # refused calibration launches in a row before the runner gives up
 EARLY_ABORT_TUNERS = ("tpe", "tpe-prefilter", "random")
 
 
@@ -263,7 +264,8 @@ class CampaignRunner:
     # --- the steps --------------------------------------------------------------------------
     def run(self) -> TuneResult:
         t0 = time.monotonic()
-        spec, _ = start(self.dir)
+        # A black-box tuner samples the space: the skill's search rules bind the agent and the heuristic only.
+        spec, _ = start(self.dir, search_rules="off" if self.tuner_name in EARLY_ABORT_TUNERS else "enforced")
         if self.tuner_name != "claude":
             make_tuner(spec, self.tuner_name, self.seed, self.max_passes)  # a bad search space fails before any run
         self._ensure_broker()
@@ -283,12 +285,16 @@ class CampaignRunner:
             stop.set()
             ticker.join(timeout=5)
         self._progress()
+        from attune.summary import write_summary
+
+        write_summary(self.dir)  # notes/summary.md (kept if the agent wrote one), read by the next campaign
         md, page, rep = report_mod.write(self.dir)
         return TuneResult(self.dir, self.tuner_name, (st.shipped or {}).get("run_id"), md, page,
                           dict(rep.headline.__dict__), time.monotonic() - t0, self.replayed, self.notes)
 
     def calibrate(self, client: Any, spec: CampaignSpec) -> None:
         required = spec.calibration.runs
+        refused: list[dict[str, Any]] = []  # refused calibration launches since the last admitted one
         while True:
             self._progress()
             st = self.state()
@@ -308,8 +314,18 @@ class CampaignRunner:
             room = spec.budget.concurrency - len(st.in_flight)
             for _ in range(max(0, min(want, room))):
                 status, payload = client.launch(kind="calibration")
-                if status != 201:
-                    break
+                if status == 201 and payload.get("admitted", True):
+                    refused.clear()
+                    continue
+                if payload.get("code") != "concurrency":
+                    refused.append(payload)
+                if len(refused) >= MAX_REFUSED_CALIBRATIONS:
+                    last = refused[-1]
+                    raise RunnerError(
+                        f"the control plane refused {len(refused)} calibration launches in a row (last: "
+                        f"{last.get('code') or last.get('error')}: {str(last.get('reason'))[:400]}); nothing can be "
+                        "measured until that is fixed (attune validate checks the spec)")
+                break
             time.sleep(self.poll_s)
 
     def search(self, client: Any, spec: CampaignSpec) -> None:
@@ -328,7 +344,14 @@ class CampaignRunner:
         def on_outcome(_c: Candidate, _o: Outcome) -> None:
             self._progress()
 
-        drive(tuner, plane, early_abort=self.tuner_name in EARLY_ABORT_TUNERS, on_outcome=on_outcome)
+        from broker.tuner_plane import StopRefusedError
+
+        try:
+            drive(tuner, plane, early_abort=self.tuner_name in EARLY_ABORT_TUNERS, on_outcome=on_outcome)
+        except StopRefusedError as exc:
+            raise RunnerError(
+                f"the {self.tuner_name} tuner has nothing left to try, but {exc} (widen the search space so "
+                "the rules can be met, or give the campaign to an agent)") from None
         self.replayed = plane.replayed
         if plane.replayed and self.say:
             self.say(f"resumed: {plane.replayed} candidate(s) answered from the ledger, none launched twice")

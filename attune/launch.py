@@ -96,6 +96,7 @@ class Admission:
     job: ResolvedJob | None = None
     gate: dict[str, Any] | None = None
     budget: dict[str, Any] | None = None
+    items: list[str] = field(default_factory=list)  # what a refusal lacks (the search rules' missing items)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -142,14 +143,24 @@ class GateVerdict:
 _LISTS: dict[tuple[str, str], Any] = {}  # (path, sha256) -> the parsed list: a list is parsed once per content
 
 
+def gate_list_source(spec: CampaignSpec, campaign_dir: Path | str) -> str | Path:
+    """What `gate.lists` names: a built-in list name (`llama31-405b`, a file in gate/lists/) when it is a
+    bare name, else a list file (relative to the campaign directory); unset: the model's built-in list.
+    The broker and `attune validate` both resolve it here."""
+    lists = spec.gate.lists
+    if not lists:
+        return spec.model
+    p = Path(lists)
+    if p.suffix not in (".yaml", ".yml") and len(p.parts) == 1:
+        return lists
+    return p if p.is_absolute() else (Path(campaign_dir) / p)
+
+
 def load_gate_list(spec: CampaignSpec, campaign_dir: Path, list_sha256: str | None) -> Any:
     """The campaign's correctness list, parsed once per content; raises gate.lists.ListError or OSError."""
     from gate.lists import list_path, load_list
 
-    source: str | Path = spec.model
-    if spec.gate.lists:
-        p = Path(spec.gate.lists)
-        source = p if p.is_absolute() else (Path(campaign_dir) / p)
+    source = gate_list_source(spec, campaign_dir)
     pinned = list_sha256 or spec.gate.list_sha256
     path = list_path(source)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -278,6 +289,13 @@ class Control:
         base = self.run_cost(state)
         if base is None:
             return None
+        if kind == "search":
+            # Candidates slower than the baseline run longer: once search runs have finished, a search
+            # launch is expected to cost at least their mean, so the search does not eat the check reserve.
+            done = [r.charge_gpu_hours for r in state.runs.values() if r.kind == "search" and r.status == "finished"
+                    and r.outcome == "ok" and not r.profile]
+            if done:
+                base = max(base, statistics.fmean(done))
         w = self.spec.workload
         if profile:
             base *= (w.steps_per_run + self.spec.control.profile_extra_steps) / w.steps_per_run
@@ -302,6 +320,7 @@ class Control:
             if not decision.admitted:
                 self.ledger.append("launch_refused", {
                     "reason": decision.reason, "code": decision.code, "kind": request.kind,
+                    "items": list(decision.items),
                     "changes": request.changes, "lever": request.lever, "hypothesis": request.hypothesis,
                     "profile": request.profile,
                 })
@@ -457,6 +476,13 @@ class Control:
                 raise RunGenError("no_change", (
                     "the candidate is the baseline recipe itself (its changes cancel out): the baseline is "
                     "measured by calibration; change a lever"))
+        if req.kind == "search" and not (req.profile and edits.empty):  # a profiled re-run of a recipe is no new candidate
+            from attune import search_rules
+
+            r2 = search_rules.check_one_lever(spec, state, cand.args, cand.env)
+            if r2 is not None:
+                return Admission(False, r2.code, r2.line(), kind=req.kind, changes=cand.changes.as_dict(),
+                                 items=r2.items)
         # Layer 1 of the gate on the candidate recipe (flags and environment, before fixes).
         verdict = check_candidate(spec, self.dir, state.list_sha256, spec.baseline.args, cand.args,
                                   spec.baseline.env, cand.env)

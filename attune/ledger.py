@@ -89,6 +89,7 @@ ROW_TYPES: dict[str, tuple[str, ...]] = {
     "assumption_recorded": ("question", "default"),
     "diagnosis_recorded": ("text",),
     "stop_recorded": ("leader", "levers_tested", "diagnosis"),
+    "stop_refused": ("refusals",),
     "check_run": ("run_id", "candidate_run_id", "passed"),
     "shipped": ("run_id", "recipe"),
     "remeasurement": ("run_id", "recipe_of", "tokens_per_s_per_gpu"),

@@ -187,6 +187,8 @@ def build(campaign_dir: Path | str) -> Report:
             "charge_gpu_hours": r.charge_gpu_hours,
             "verdict": r.verdict,
             "valid": r.valid,
+            "diagnosis": (state.diagnoses.get(r.run_id) or {}).get("text"),
+            "bottleneck": (state.diagnoses.get(r.run_id) or {}).get("bottleneck"),
         })
     return Report(h, curve, leader_points, runs, shipped, list(state.checks), list(state.assumptions), state.stop)
 
@@ -212,6 +214,13 @@ def _changes(ch: dict[str, Any] | None) -> str:
     return ", ".join(parts)
 
 
+def _diagnosis(run: dict[str, Any]) -> str:
+    text = " ".join(str(run.get("diagnosis") or "").split())
+    if run.get("bottleneck"):
+        text = f"{run['bottleneck']}: {text}"
+    return text.replace("|", "/")
+
+
 def headline_lines(r: Report) -> list[tuple[str, str]]:
     h = r.headline
     return [
@@ -235,13 +244,14 @@ def to_markdown(r: Report) -> str:
     out += [f"- **{k}**: {v}" for k, v in headline_lines(r)]
     out += ["", "## Best-so-far gain against charged GPU-hours", "", "| GPU-hours | best gain |", "|---|---|"]
     out += [f"| {x:.4g} | {y:+.2%} |" for x, y in r.curve]
-    out += ["", "## Runs", "", "| run | kind | lever | change | hypothesis | outcome | tok/s/GPU | gain | GPU-h | verdict |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    out += ["", "## Runs", "",
+            "| run | kind | lever | change | hypothesis | outcome | tok/s/GPU | gain | GPU-h | verdict | diagnosis |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for run in r.runs:
         out.append(
             f"| {run['run_id']} | {run['kind']} | {run['lever'] or ''} | {_changes(run['changes'])} | "
             f"{(run['hypothesis'] or '').replace('|', '/')} | {run['outcome'] or ''} | {_f(run['tokens_per_s_per_gpu'])} | "
-            f"{_pct(run['gain'])} | {run['charge_gpu_hours']:.3g} | {run['verdict'] or ''} |"
+            f"{_pct(run['gain'])} | {run['charge_gpu_hours']:.3g} | {run['verdict'] or ''} | {_diagnosis(run)} |"
         )
     out += ["", "## Shipped recipe", ""]
     if r.shipped:
@@ -324,7 +334,7 @@ def to_html(r: Report) -> str:
         "<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in (
             run["run_id"], run["kind"], run["lever"] or "", _changes(run["changes"]), run["hypothesis"] or "",
             run["outcome"] or "", _f(run["tokens_per_s_per_gpu"]), _pct(run["gain"]),
-            f"{run['charge_gpu_hours']:.3g}", run["verdict"] or "")) + "</tr>"
+            f"{run['charge_gpu_hours']:.3g}", run["verdict"] or "", _diagnosis(run))) + "</tr>"
         for run in r.runs
     )
     shipped = (f"<p>Shipped <b>{e(str(r.shipped.get('run_id')))}</b>; changes from the baseline: "
@@ -350,7 +360,7 @@ code {{ font-size: 12px; }}
 {svg_plot(r)}
 <h2>Runs</h2>
 <table id="runs"><thead><tr><th>run</th><th>kind</th><th>lever</th><th>change</th><th>hypothesis</th><th>outcome</th>
-<th>tok/s/GPU</th><th>gain</th><th>GPU-h</th><th>verdict</th></tr></thead><tbody>{run_rows}</tbody></table>
+<th>tok/s/GPU</th><th>gain</th><th>GPU-h</th><th>verdict</th><th>diagnosis</th></tr></thead><tbody>{run_rows}</tbody></table>
 <h2>Shipped recipe</h2>{shipped}<ul id="checks">{checks}</ul>{stop}
 </body></html>
 """

@@ -163,6 +163,8 @@ def render_value(value: ArgValue) -> list[str]:
         return []
     if isinstance(value, float):
         return [repr(value)]
+    if isinstance(value, str) and value.split() and len(value.split()) > 1:
+        return value.split()  # a list-valued flag (nargs="+"): "0 16 32" is three words on the command line
     return [str(value)]
 
 
@@ -346,10 +348,34 @@ class RunGenerator:
         out.update(self.spec.control.stack_fixes.args)
         return out
 
+    def profile_window(self, args: Mapping[str, ArgValue]) -> dict[str, ArgValue]:
+        """Megatron-LM: a profiled run traces `profile_extra_steps` steps after the measured window (never
+        inside it), on one rank per pipeline stage (the first rank of each stage in Megatron's default
+        tp-cp-ep-dp-pp order); the run is that many steps longer. Other frameworks: nothing added."""
+        extra = self.spec.control.profile_extra_steps
+        prof = self.spec.control.profile_args
+        if self.spec.framework != "megatron-lm" or extra <= 0 or not prof.get("--profile"):
+            return {}
+        if any(f in prof for f in ("--profile-step-start", "--profile-step-end", "--profile-ranks")):
+            return {}  # the campaign chose its own window
+        steps = self.spec.workload.steps_per_run
+        out: dict[str, ArgValue] = {"--use-pytorch-profiler": True, "--profile-step-start": steps,
+                                    "--profile-step-end": steps + extra, "--train-iters": steps + extra}
+        gpus = self.spec.cluster.gpus
+        try:
+            pp = int(args.get("--pipeline-model-parallel-size") or 1)
+        except (TypeError, ValueError):
+            pp = 1
+        if pp >= 1 and gpus % pp == 0:
+            out["--profile-ranks"] = " ".join(str(s * (gpus // pp)) for s in range(pp))
+        return out
+
     def resolve(self, cand: Candidate, run_dir: Path, workdir: Path) -> ResolvedJob:
         ctx = self.placeholders(run_dir)
         args: dict[str, ArgValue] = dict(cand.args)
         args.update(self.trusted_args(cand.profile))
+        if cand.profile:
+            args.update(self.profile_window(args))
         args = {k: substitute(v, ctx) if isinstance(v, str) else v for k, v in args.items()}
         env = dict(cand.env)
         env.update(self.spec.control.stack_fixes.env)
@@ -369,6 +395,8 @@ class RunGenerator:
         `steps` overrides the run length (a correctness check run is longer than a measured run)."""
         trusted = dict(self.baseline.args)
         trusted.update(self.trusted_args(profile))
+        if profile:
+            trusted.update({k: v for k, v in self.profile_window(trusted).items() if k in self.pinned_flags})
         flag = self.steps_flag()
         if steps is not None and flag is not None:
             trusted[flag] = steps

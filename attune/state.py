@@ -140,6 +140,9 @@ class CampaignState:
     refusals: list[dict[str, Any]] = field(default_factory=list)
     assumptions: list[dict[str, Any]] = field(default_factory=list)
     last_diagnosis: str | None = None
+    diagnoses: dict[str, dict[str, Any]] = field(default_factory=dict)  # run id -> its recorded diagnosis
+    search_rules: str = "enforced"  # "off": a black-box tuner's campaign (the skill's rules do not bind it)
+    stop_refusal: dict[str, Any] | None = None  # the last refused stop: its codes and missing items
     stop: dict[str, Any] | None = None
     checks: list[dict[str, Any]] = field(default_factory=list)
     shipped: dict[str, Any] | None = None
@@ -175,22 +178,35 @@ class CampaignState:
             return False
         return beats(tokens_per_s_per_gpu, self.leader_tokens_per_s_per_gpu, cal.band)
 
-    def missing_for_stop(self) -> list[str]:
-        """What the campaign still lacks before its session may end (the Stop hook's reasons)."""
-        missing: list[str] = []
+    def stop_blockers(self) -> list[dict[str, Any]]:
+        """What the campaign still lacks before its session may end, each with a stable code:
+        not_started, no_stop, in_flight, not_shipped, and while no stop is recorded, the codes and
+        missing items of the last refused stop (search rules; see attune.search_rules)."""
         if self.name is None:
-            return ["the campaign has not started (no campaign_started row in the ledger)"]
+            return [{"code": "not_started", "items": [],
+                     "message": "the campaign has not started (no campaign_started row in the ledger)"}]
+        out: list[dict[str, Any]] = []
         if not self.budget.spent and self.stop is None:
             rem = self.budget.search_remaining
             left = "unknown (not calibrated yet)" if rem is None else f"{rem:.4g} GPU-hours"
-            missing.append(
-                f"the budget is not spent ({left} left for search) and no stop with evidence is recorded"
-            )
+            out.append({"code": "no_stop", "items": [], "message": (
+                f"the budget is not spent ({left} left for search) and no stop with evidence is recorded")})
+            if self.stop_refusal is not None:
+                for r in self.stop_refusal.get("refusals") or []:
+                    out.append({"code": str(r.get("code")), "items": [str(x) for x in r.get("items") or []],
+                                "message": f"the last stop was refused [{r.get('code')}]: {r.get('message')}"})
         if self.in_flight:
-            missing.append(f"{len(self.in_flight)} run(s) still in flight: " + ", ".join(r.run_id for r in self.in_flight))
+            out.append({"code": "in_flight", "items": [r.run_id for r in self.in_flight],
+                        "message": f"{len(self.in_flight)} run(s) still in flight: "
+                                   + ", ".join(r.run_id for r in self.in_flight)})
         if self.shipped is None:
-            missing.append("the shipping step has not run (no shipped row)")
-        return missing
+            out.append({"code": "not_shipped", "items": [], "message": "the shipping step has not run (no shipped row)"})
+        return out
+
+    def missing_for_stop(self) -> list[str]:
+        """What the campaign still lacks before its session may end, in words (one line per blocker)."""
+        return [b["message"] + (": " + "; ".join(b["items"]) if b["items"] and b["code"] != "in_flight" else "")
+                for b in self.stop_blockers()]
 
     # ---- folding -------------------------------------------------------------------
     def apply(self, row: ledger_mod.Row) -> None:
@@ -219,6 +235,7 @@ class CampaignState:
         if d.get("reserve_gpu_hours") is not None:
             self.budget.reserve = float(d["reserve_gpu_hours"])
         self.budget.infra_reserve = float(d.get("infra_reserve_gpu_hours", 0.0))
+        self.search_rules = "off" if d.get("search_rules") == "off" else "enforced"
 
     def _on_budget_set(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
         self.budget.total = float(d["gpu_hours"])
@@ -321,6 +338,12 @@ class CampaignState:
 
     def _on_diagnosis_recorded(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
         self.last_diagnosis = d["text"]
+        if d.get("run_id"):
+            self.diagnoses[str(d["run_id"])] = {"seq": row.seq, "text": d["text"], "bottleneck": d.get("bottleneck")}
+
+    def _on_stop_refused(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
+        self.stop_refusal = {"seq": row.seq, "ts": row.ts, "refusals": list(d.get("refusals") or []),
+                             "codes": list(d.get("codes") or [])}
 
     def _on_stop_recorded(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
         self.stop = {"seq": row.seq, "ts": row.ts, **d}
@@ -375,6 +398,10 @@ class CampaignState:
             "launches_refused": self.launches_refused,
             "assumptions": list(self.assumptions),
             "last_diagnosis": self.last_diagnosis,
+            "diagnoses": dict(self.diagnoses),
+            "search_rules": self.search_rules,
+            "stop_refusal": self.stop_refusal,
+            "stop_blockers": self.stop_blockers(),
             "stop": self.stop,
             "checks": list(self.checks),
             "shipped": self.shipped,

@@ -19,7 +19,9 @@ Routes (JSON in, JSON out; see docs/broker.md for the shapes):
     GET  /v1/runs/{run_id}/files/{path}      a page of one of them
     GET  /v1/image/list | read | search      the training image (bounded)
     POST /v1/assumptions                     record an assumption
-    POST /v1/stop                            record a stop with its evidence
+    POST /v1/stop                            record a stop with its evidence (409 stop_refused: the
+                                             search rules' codes and missing items)
+    POST /v1/diagnoses                       record one finished run's diagnosis
 
 A monitor thread polls every campaign's runs in flight (start, hang watchdog, finish).
 """
@@ -250,6 +252,7 @@ class Broker:
             Route("/v1/image/search", self._wrap("image_search", _image_search), methods=["GET"]),
             Route("/v1/assumptions", self._wrap("record_assumption", _assumption), methods=["POST"]),
             Route("/v1/stop", self._wrap("record_stop", _stop), methods=["POST"]),
+            Route("/v1/diagnoses", self._wrap("record_diagnosis", _diagnosis), methods=["POST"]),
             # Anything else is refused, and audited like every other request.
             Route("/{path:path}", self._wrap("unknown", _unknown, auth=False),
                   methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]),
@@ -411,7 +414,8 @@ def campaign_summary(h: CampaignHandle) -> dict[str, Any]:
         "concurrency": h.spec.budget.concurrency, "in_flight": in_flight,
         "launches": d["launches"], "failed_launches": d["failed_launches"], "launches_refused": d["launches_refused"],
         "runs": len(s.runs), "stop": d["stop"], "shipped": d["shipped"], "last_diagnosis": d["last_diagnosis"],
-        "missing_for_stop": d["missing_for_stop"], "rows": d["rows"], "shipping": shipping_status(s),
+        "missing_for_stop": d["missing_for_stop"], "stop_blockers": d["stop_blockers"],
+        "search_rules": d["search_rules"], "rows": d["rows"], "shipping": shipping_status(s),
         "remeasurements": d["remeasurements"], "checks": d["checks"],
         "hang_timeout_s": h.spec.control.hang_timeout_s, "env_allowlist": h.spec.control.env_allowlist,
         "image_roots": h.image.describe() if h.image else [],
@@ -512,7 +516,21 @@ def _assumption(b: Broker, h: CampaignHandle, p: Any, q: Any, body: dict[str, An
 
 
 def _stop(b: Broker, h: CampaignHandle, p: Any, q: Any, body: dict[str, Any]) -> tuple[int, dict[str, Any], str | None]:
-    return 201, h.stop(body.get("levers_tested"), body.get("diagnosis"), body.get("leader")), "stop recorded"
+    from attune.campaign import StopRefused
+
+    try:
+        return 201, h.stop(body.get("levers_tested"), body.get("diagnosis"), body.get("leader")), "stop recorded"
+    except StopRefused as exc:  # the search rules: codes and missing items, not only prose
+        return 409, {"error": "stop_refused", "reason": str(exc),
+                     "refusals": [r.as_dict() for r in exc.refusals]}, "stop refused: " + ", ".join(
+                         r.code for r in exc.refusals)
+
+
+def _diagnosis(b: Broker, h: CampaignHandle, p: Any, q: Any, body: dict[str, Any]) -> tuple[int, dict[str, Any], str | None]:
+    from attune.campaign import record_diagnosis
+
+    row = record_diagnosis(h.dir, body.get("run_id"), body.get("diagnosis"), body.get("bottleneck"))
+    return 201, {"recorded": True, "seq": row.seq}, "diagnosis recorded"
 
 
 # ------------------------------------------------------------------------------------ serving

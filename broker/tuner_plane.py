@@ -14,6 +14,15 @@ from attune.tuners.base import Candidate, Outcome, split_changes
 from broker.client import BrokerClient
 
 
+class StopRefusedError(RuntimeError):
+    """The control plane refused the tuner's stop (search rules): each refusal's code and missing items."""
+
+    def __init__(self, refusals: list[dict[str, Any]]) -> None:
+        self.refusals = refusals
+        super().__init__("the control plane refused the stop: " + "; ".join(
+            f"[{r.get('code')}] {', '.join(str(x) for x in r.get('items') or [])}" for r in refusals))
+
+
 class BrokerControlPlane:
     """`ControlPlane` over a broker client (one campaign's token)."""
 
@@ -56,16 +65,28 @@ class BrokerControlPlane:
         if status != 201 or not p.get("admitted"):
             return Outcome(run_id=None, outcome="refused", reason=f"{p.get('code') or p.get('error')}: {p.get('reason')}")
         run = self.client.wait(p["run_id"], timeout_s=self.run_timeout_s, interval_s=self.poll_s)
+        self._diagnose(candidate, run)
         return Outcome(
             run_id=run["run_id"], outcome=run["outcome"], tokens_per_s_per_gpu=run["tokens_per_s_per_gpu"],
             valid=bool(run["valid"]), promoted=run["verdict"] == "leader", reason=run.get("reason"),
             extra={"verdict": run["verdict"], "charge_gpu_hours": run["charge_gpu_hours"]},
         )
 
+    def _diagnose(self, candidate: Candidate, run: dict[str, Any]) -> None:
+        """A built-in tuner's diagnosis is mechanical: what the control plane measured and classified."""
+        tps = run.get("tokens_per_s_per_gpu")
+        what = (f"{tps:,.1f} tokens/s/GPU, verdict {run.get('verdict')}" if run.get("outcome") == "ok" and tps
+                else f"{run.get('outcome')}: {' '.join(str(run.get('reason') or '').split())[:300]}")
+        self.client.call("POST", "/v1/diagnoses", body={
+            "run_id": run["run_id"], "bottleneck": None if run.get("outcome") == "ok" else run.get("outcome"),
+            "diagnosis": f"{candidate.lever} (tuner, no profile read): {what}"})
+
     def record_stop(self, evidence: dict[str, Any]) -> None:
         levers = [str(x) for x in evidence.get("levers_tested") or []] or ["(none)"]
         diagnosis = (f"{evidence.get('tuner', 'tuner')}: {evidence.get('reason', 'stopped')}; "
                      f"{evidence.get('launches', 0)} launches, {evidence.get('failed', 0)} failed")
         status, payload = self.client.call("POST", "/v1/stop", body={"levers_tested": levers, "diagnosis": diagnosis})
+        if status == 409 and payload.get("error") == "stop_refused":
+            raise StopRefusedError(list(payload.get("refusals") or []))
         if status != 201 and "already recorded" not in str(payload.get("reason")):
             raise RuntimeError(f"the broker refused the stop record: {payload}")

@@ -16,10 +16,91 @@ HERE = os.path.dirname(os.path.realpath(__file__))
 ROOT = os.path.dirname(HERE)
 EVENT = "SessionStart"
 MAX_CHARS = 6000
+PRIOR_CHARS = 2400  # prior campaigns' summaries, on top of MAX_CHARS
+PRIOR_EACH = 800
+PRIOR_SCAN = 200  # directory entries looked at, at most (the hook must stay fast)
+HISTORY_ENV = "ATTUNE_HISTORY_DIR"
 
 
 def _h(x):
     return "unknown" if x is None else f"{x:.4g}"
+
+
+def _facts(text, keys=("model", "framework", "accelerator")):
+    """Top-level `key: value` lines (a line scan: hooks have no YAML parser)."""
+    out = {}
+    for line in text.splitlines()[:400]:
+        if line[:1] in (" ", "\t", "#") or ":" not in line:
+            continue
+        key, _, val = line.partition(":")
+        key = key.strip()
+        if key in keys and key not in out:
+            out[key] = val.split(" #", 1)[0].strip().strip("'\"")
+    return out
+
+
+def _read(path, limit=65536):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read(limit)
+    except OSError:
+        return None
+
+
+def prior_summaries(campaign):
+    """Summaries of earlier campaigns on the same model (first) or stack (framework and accelerator):
+    notes/summary.md of sibling campaign directories, and *.md files of $ATTUNE_HISTORY_DIR."""
+    spec = _read(os.path.join(campaign, "campaign.yaml"))
+    if spec is None:
+        return []
+    me = _facts(spec)
+    if not me.get("model"):
+        return []
+    found = []
+    parent = os.path.dirname(os.path.realpath(campaign))
+    try:
+        siblings = sorted(os.listdir(parent))[:PRIOR_SCAN]
+    except OSError:
+        siblings = []
+    for name in siblings:
+        d = os.path.join(parent, name)
+        if os.path.realpath(d) == os.path.realpath(campaign):
+            continue
+        text = _read(os.path.join(d, "notes", "summary.md"))
+        if text:
+            facts = _facts(_read(os.path.join(d, "campaign.yaml")) or "") or _facts(text)
+            found.append((os.path.join(d, "notes", "summary.md"), facts, text))
+    history = os.environ.get(HISTORY_ENV)
+    if history:
+        try:
+            entries = sorted(os.listdir(history))[:PRIOR_SCAN]
+        except OSError:
+            entries = []
+        for name in entries:
+            if name.endswith(".md"):
+                text = _read(os.path.join(history, name))
+                if text:
+                    found.append((os.path.join(history, name), _facts(text), text))
+    same_model = [f for f in found if f[1].get("model") == me["model"]]
+    same_stack = [f for f in found if f not in same_model and me.get("framework")
+                  and f[1].get("framework") == me.get("framework")
+                  and f[1].get("accelerator") == me.get("accelerator")]
+    return same_model + same_stack
+
+
+def _priors_text(campaign):
+    items = prior_summaries(campaign)
+    if not items:
+        return ""
+    parts = [f"Summaries of {len(items)} earlier campaign(s) on the same model or stack (read them before "
+             "choosing levers; their winners and failures are evidence, not rules):"]
+    for path, facts, text in items:
+        body = text.strip()
+        if len(body) > PRIOR_EACH:
+            body = body[:PRIOR_EACH - 3] + "..."
+        parts.append(f"--- {path} (model {facts.get('model', '?')}) ---\n{body}")
+    out = "\n".join(parts)
+    return out if len(out) <= PRIOR_CHARS else out[:PRIOR_CHARS - 3] + "..."
 
 
 def summary(st, campaign, source):
@@ -80,7 +161,9 @@ def summary(st, campaign, source):
                  f"{os.path.join(campaign, 'notes')}; launches, metrics, traces and the gate go through the attune "
                  "MCP tools; questions to the user are answered with their default.")
     text = "\n".join(lines)
-    return text if len(text) <= MAX_CHARS else text[: MAX_CHARS - 3] + "..."
+    text = text if len(text) <= MAX_CHARS else text[: MAX_CHARS - 3] + "..."
+    priors = _priors_text(campaign)
+    return text + ("\n" + priors if priors else "")
 
 
 def main():

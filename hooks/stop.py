@@ -2,9 +2,10 @@
 """attune's Stop hook: a campaign session ends only when the campaign is done.
 
 Inside a campaign directory it folds the ledger and blocks the stop while anything in
-`CampaignState.missing_for_stop()` is open: the budget is not spent and no stop with evidence is
-recorded, runs are still in flight, or the shipping step has not run. The block's reason lists
-exactly what is missing. Outside a campaign it does nothing. Any error blocks too (fail closed);
+`CampaignState.stop_blockers()` is open: the budget is not spent and no stop with evidence is
+recorded (with the codes and missing items of the last stop the search rules refused), runs are
+still in flight, or the shipping step has not run. The block's reason lists exactly what is
+missing, each item with its code; the hint is chosen by code, never by matching the prose. Outside a campaign it does nothing. Any error blocks too (fail closed);
 Claude Code itself ends a session after several consecutive blocks.
 """
 
@@ -16,18 +17,33 @@ ROOT = os.path.dirname(HERE)
 EVENT = "Stop"
 
 
-def _hint(missing):
+RULE_HINTS = {  # the search rules' stop refusals (attune.search_rules), by code
+    "calibration_incomplete": "finish the baseline's calibration runs (campaign_status shows how many are missing)",
+    "levers_not_run": "name in record_stop's levers_tested only levers that a finished search run changed",
+    "rule4_lever_values": "try a second value of each listed lever (or its feasible limit) before ruling it out",
+    "rule4_layout_unprobed": "probe each listed parallel degree (layouts.py lists the feasible values)",
+    "rule5_oom_not_retried": "retry each listed out-of-memory layout with the memory savings added back "
+                             "(full recompute first)",
+    "rule6_winners_not_retested": "re-test the listed flags that won on earlier layouts on the final layout",
+}
+
+
+def _hint(codes):
     steps = []
-    text = " ".join(missing)
-    if "not started" in text:
+    if "not_started" in codes:
         steps.append("start the campaign (attune init, or the broker's start tool)")
-    if "budget is not spent" in text:
-        steps.append("keep searching through the broker's tools, or, if the search is done, record a stop "
-                     "with evidence (the broker's record_stop: the levers tested and the last diagnosis)")
-    if "in flight" in text:
+    rules = [RULE_HINTS[c] for c in codes if c in RULE_HINTS]
+    if "no_stop" in codes:
+        if rules:
+            steps.append("the search rules refused the last stop, so keep searching: " + "; ".join(rules)
+                         + "; then record the stop again")
+        else:
+            steps.append("keep searching through the broker's tools, or, if the search is done, record a stop "
+                         "with evidence (the broker's record_stop: the levers tested and the last diagnosis)")
+    if "in_flight" in codes:
         steps.append("wait for the runs in flight to finish (run_status), or cancel_run search runs that no longer "
                      "matter (check and re-measurement runs are the control plane's: wait for them)")
-    if "shipping step" in text:
+    if "not_shipped" in codes:
         steps.append("wait for the shipping step, which the control plane runs after the stop (the gate checks the "
                      "best candidates, fastest first, and one ships; campaign_status shows its progress)")
     return "; ".join(steps)
@@ -49,15 +65,18 @@ def main():
         from attune import state
 
         st, _ = state.load(campaign)
-        missing = st.missing_for_stop()
+        blockers = st.stop_blockers()
+        missing = [f"[{b['code']}] " + b["message"] + (": " + "; ".join(b["items"]) if b["items"] else "")
+                   for b in blockers]
+        codes = [b["code"] for b in blockers]
         record = {"event": EVENT, "session_id": payload.get("session_id"),
                   "stop_hook_active": payload.get("stop_hook_active")}
         if not missing:
             runtime.log_decision(campaign, {**record, "decision": "allow", "reason": "campaign complete"})
             return 0
         reason = ("attune: the campaign is not finished, so this session may not end yet. Missing: "
-                  + "; ".join(missing) + ". Next: " + _hint(missing) + ".")
-        runtime.log_decision(campaign, {**record, "decision": "block", "reason": reason})
+                  + "; ".join(missing) + ". Next: " + _hint(codes) + ".")
+        runtime.log_decision(campaign, {**record, "decision": "block", "reason": reason, "codes": codes})
         out = {"decision": "block", "reason": reason}
     except BaseException as exc:  # fail closed
         out = {"decision": "block",

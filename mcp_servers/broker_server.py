@@ -257,6 +257,12 @@ class Shipping(BaseModel):
     reason: str = ""
 
 
+class StopBlocker(BaseModel):
+    code: str
+    message: str
+    items: list[str] = Field(default_factory=list)
+
+
 class CampaignStatus(BaseModel):
     name: str
     model: str
@@ -272,6 +278,11 @@ class CampaignStatus(BaseModel):
     launches_refused: int
     stop_recorded: bool
     missing_for_stop: list[str]
+    stop_blockers: list[StopBlocker] = Field(default_factory=list, description=(
+        "what blocks the end of the campaign, each with a stable code (no_stop, in_flight, not_shipped, and the "
+        "search rules' refusals of the last stop: calibration_incomplete, levers_not_run, rule4_lever_values, "
+        "rule4_layout_unprobed, rule5_oom_not_retried, rule6_winners_not_retested) and its missing items"))
+    search_rules: str = "enforced"
     env_allowlist: list[str]
     image_roots: list[str]
     shipping: Shipping | None = None
@@ -465,9 +476,31 @@ async def campaign_status() -> CampaignStatus:
         concurrency=p["concurrency"], in_flight=[r["run_id"] for r in p["in_flight"]], launches=p["launches"],
         failed_launches=p["failed_launches"], launches_refused=p["launches_refused"],
         stop_recorded=p["stop"] is not None, missing_for_stop=p["missing_for_stop"],
+        stop_blockers=[StopBlocker.model_validate(b) for b in p.get("stop_blockers") or []],
+        search_rules=p.get("search_rules") or "enforced",
         env_allowlist=p["env_allowlist"], image_roots=[r["name"] for r in p["image_roots"]],
         shipping=Shipping.model_validate(p["shipping"]) if p.get("shipping") else None,
     )
+
+
+# --- per-run diagnosis (search rule 1's evidence; issue 15) ------------------------------------------
+
+
+@server.tool()
+async def record_diagnosis(
+    run_id: Annotated[str, Field(description="the finished run this diagnosis is about")],
+    diagnosis: Annotated[str, Field(description=(
+        "what bounds this run's step and why (the evidence: metrics, log lines, trace), and what it means for "
+        "the next candidate"))],
+    bottleneck: Annotated[str | None, Field(description=(
+        "the bottleneck in a few words, e.g. 'cross-node expert all-to-all', 'host launches', 'out of memory "
+        "on stage 1'"))] = None,
+) -> Recorded:
+    """Record your diagnosis of one finished run in the ledger. Diagnose every run you read (the report
+    shows each run's diagnosis next to its result, and the campaign summary draws on them)."""
+    _, payload = await _call("POST", "/v1/diagnoses",
+                             body={"run_id": run_id, "diagnosis": diagnosis, "bottleneck": bottleneck})
+    return Recorded.model_validate(payload)
 
 
 # ----------------------------------------------------------------------------------- TTB prior

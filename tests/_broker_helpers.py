@@ -68,15 +68,17 @@ def deep_update(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def make_campaign(parent: Path, name: str = "fake-a", replace: dict[str, Any] | None = None, **over: Any) -> Path:
-    """A started campaign directory running the stand-in trainer (`over` is merged, `replace` replaces)."""
+def make_campaign(parent: Path, name: str = "fake-a", replace: dict[str, Any] | None = None,
+                  search_rules: str = "enforced", **over: Any) -> Path:
+    """A started campaign directory running the stand-in trainer (`over` is merged, `replace` replaces;
+    search_rules="off" for a test of something else that stops early, as a black-box tuner's campaign may)."""
     d = parent / name
     d.mkdir(parents=True)
     spec = deep_update(FAKE_SPEC, {"name": name, **over})
     spec.update(copy.deepcopy(replace or {}))
     (d / "campaign.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     (d / "fake.yaml").write_text(FAKE_LIST)
-    start(d)
+    start(d, search_rules=search_rules)
     return d
 
 

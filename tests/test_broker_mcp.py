@@ -27,7 +27,7 @@ from tests.test_launch import CALIBRATED_BUDGET, calibrate
 TOOLS = {
     "launch_candidate", "launch_calibration", "run_status", "list_runs", "cancel_run", "read_run_log",
     "search_run_log", "list_image_dir", "read_image_file", "search_image", "record_assumption", "record_stop",
-    "campaign_status", "ttb_best_known_recipe",
+    "campaign_status", "ttb_best_known_recipe", "record_diagnosis",
 }
 
 
@@ -95,6 +95,12 @@ def test_the_agent_tools_over_stdio(campaign: Path) -> None:
             out["cancel_done"] = (await client.call_tool("cancel_run", {"run_id": rid})).structured_content
             out["assume"] = (await client.call_tool("record_assumption", {
                 "question": "may I use more nodes?", "default": "no: the GPU count is pinned"})).structured_content
+            out["diag"] = (await client.call_tool("record_diagnosis", {
+                "run_id": rid, "diagnosis": "the step is now bound by the data path",
+                "bottleneck": "data path"})).structured_content
+            out["refused_stop"] = await client.call_tool("record_stop", {
+                "levers_tested": ["never-launched"], "diagnosis": "d"})
+            out["blocked"] = (await client.call_tool("campaign_status", {})).structured_content
             out["stop"] = (await client.call_tool("record_stop", {
                 "levers_tested": ["step time"], "diagnosis": "the step is now bound by the data path"})).structured_content
             out["after_stop"] = (await client.call_tool("launch_candidate", {
@@ -129,6 +135,10 @@ def test_the_agent_tools_over_stdio(campaign: Path) -> None:
     assert out["escape"].is_error and "leaves its root" in out["escape"].content[0].text
     assert out["missing"].is_error and "no run 'r999-nope'" in out["missing"].content[0].text
     assert out["cancel_done"]["cancelled"] is False and "already finished" in out["cancel_done"]["reason"]
+    assert out["diag"]["recorded"]
+    assert out["refused_stop"].is_error and "levers_not_run" in out["refused_stop"].content[0].text
+    assert {"code": "levers_not_run", "items": ["never-launched"]}.items() <= next(
+        b for b in out["blocked"]["stop_blockers"] if b["code"] == "levers_not_run").items()
     assert out["assume"]["recorded"] and out["stop"]["recorded"] and out["stop"]["leader"] == done["run_id"]
     assert out["after_stop"]["admitted"] is False and out["after_stop"]["code"] == "stopped"
     assert out["final"]["stop_recorded"] and out["final"]["leader"]["run_id"] == done["run_id"]
@@ -138,4 +148,4 @@ def test_the_agent_tools_over_stdio(campaign: Path) -> None:
     audit = [json.loads(x) for x in (campaign / "audit.jsonl").read_text().splitlines()]
     assert {e["route"] for e in audit} >= {"launch", "run_status", "read_run_log", "search_run_log", "image_search",
                                           "image_read", "image_list", "record_assumption", "record_stop",
-                                          "campaign_status", "list_runs", "cancel"}
+                                          "campaign_status", "list_runs", "cancel", "record_diagnosis"}

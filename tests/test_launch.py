@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from attune import ledger
-from attune.campaign import RecordError
+from attune.campaign import RecordError, StopRefused
 from attune.launch import Control, JobFacts, LaunchRequest
 from attune.metrics import read_metrics
 from attune.state import fold
@@ -149,6 +149,16 @@ def test_refusals_are_clear_and_recorded(calibrated: CampaignHandle, tmp_path: P
     out = CampaignHandle(fresh).launch(_req(search({"--fake-step-ms": 5})))
     assert out["code"] == "not_calibrated" and "0/5 calibration runs" in out["reason"]
 
+    with pytest.raises(StopRefused) as early:  # a stop before calibration (search rules, issue 15)
+        CampaignHandle(fresh).stop(["step"], "nothing left to try", None)
+    assert [r.code for r in early.value.refusals] == ["calibration_incomplete"]
+    with pytest.raises(StopRefused) as unrun:  # levers_tested names a lever no run changed
+        h.stop(["step"], "nothing left to try", None)
+    assert [(r.code, r.items) for r in unrun.value.refusals] == [("levers_not_run", ["step"])]
+    assert rows(d, "stop_refused")[-1].data["codes"] == ["levers_not_run"]
+    for ms in (5, 40):  # two values of the lever (rule 4), then the stop is accepted
+        assert h.launch(_req(search({"--fake-step-ms": ms}, lever="step")))["admitted"]
+        settle(h)
     h.stop(["step"], "nothing left to try", None)
     out = h.launch(_req(search({"--fake-step-ms": 5})))
     assert out["code"] == "stopped"

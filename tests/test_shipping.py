@@ -81,7 +81,7 @@ def test_fastest_candidate_rejected_by_convergence_next_one_ships_and_is_remeasu
 
 
 def test_nothing_beats_the_band_the_baseline_ships(tmp_path: Path) -> None:
-    d = make_campaign(tmp_path, budget=BUDGET)
+    d = make_campaign(tmp_path, budget=BUDGET, search_rules="off")
     h = CampaignHandle(d)
     calibrate(h)
     _search(h, **{"--fake-step-ms": 19.9})
@@ -96,7 +96,7 @@ def test_nothing_beats_the_band_the_baseline_ships(tmp_path: Path) -> None:
 
 
 def test_third_repeat_when_two_repeats_disagree_by_more_than_the_band(tmp_path: Path) -> None:
-    d = make_campaign(tmp_path, budget=BUDGET)
+    d = make_campaign(tmp_path, budget=BUDGET, search_rules="off")
     h = CampaignHandle(d)
     calibrate(h)
     record_stop(d, ["step"], "stop at once")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+from typing import Any
 
 from attune.errors import EXIT_OK, EXIT_USAGE
 from attune.output import add_json_flag, emit_json
@@ -17,10 +19,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _gate_list_problem(spec: Any, where: str) -> str | None:
+    """The correctness list resolved exactly as the broker resolves it (a bare name is a built-in list)."""
+    from attune.launch import gate_list_source
+    from gate.lists import ListError, load_list
+
+    p = Path(where)
+    campaign_dir = p if p.is_dir() else p.parent
+    try:
+        load_list(gate_list_source(spec, campaign_dir), expected_sha256=spec.gate.list_sha256)
+    except (ListError, OSError) as exc:
+        return f"the correctness list cannot be used: {str(exc).splitlines()[0]}"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         spec = load_spec(args.spec)
     except SpecError as exc:
+        if args.json:
+            emit_json({"valid": False, **exc.as_dict()})
+        else:
+            print(str(exc), file=sys.stderr)
+        return EXIT_USAGE
+    problem = _gate_list_problem(spec, args.spec)
+    if problem is not None:
+        exc = SpecError(args.spec, [("gate.lists", problem)])
         if args.json:
             emit_json({"valid": False, **exc.as_dict()})
         else:

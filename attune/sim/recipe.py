@@ -674,8 +674,13 @@ def padded_vocab(r: SimRecipe) -> int:
     return -(-r.model.vocab // m) * m
 
 
+EXPLICIT_DESTS = {"--fp8-format": "fp8"}  # Megatron's add_argument(..., dest=...) where it differs
+
+
 def flag_dest(flag: str) -> tuple[str, bool]:
     """(attribute name, stored value for a bare flag): `--no-x` stores False into x."""
+    if flag in EXPLICIT_DESTS:
+        return EXPLICIT_DESTS[flag], True
     name = flag[2:]
     if name.startswith("no-"):
         return name[3:].replace("-", "_"), False

@@ -91,6 +91,7 @@ def drive(
                     elif out.outcome == "pruned":
                         res.pruned += 1
                 tuner.tell(cand, out)
+                exhausted = False  # an outcome can give the tuner new work (rule 5's retry of an OOM layout)
                 res.outcomes.append((cand, out))
                 if on_outcome is not None:
                     on_outcome(cand, out)

@@ -117,12 +117,116 @@ def memory_prefilter(spec: CampaignSpec) -> tuple[Callable[[dict[str, ArgValue]]
     return skip, "memory estimate of the skill's helpers"
 
 
+DEGREE_FLAGS = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
+                "cp": "--context-parallel-size", "ep": "--expert-model-parallel-size"}
+SPLIT_FLAGS = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+               "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
+RECOMPUTE_FLAGS = ("--recompute-method", "--recompute-num-layers")
+
+
+def _split_fits(layers: int, pp: int, args: dict[str, ArgValue]) -> bool:
+    """Whether the recipe's pipeline-split flags still split the layers over `pp` stages."""
+    from attune.layouts import LayoutError, pipeline_split
+
+    def num(flag: str) -> int | None:
+        v = args.get(flag)
+        return int(v) if v not in (None, False, True) else None
+
+    first, last = num(SPLIT_FLAGS[0]), num(SPLIT_FLAGS[1])
+    accounted = args.get(SPLIT_FLAGS[2]) not in (None, False)
+    try:
+        if pp < 2 and (first is not None or last is not None):
+            return False
+        return pipeline_split(layers, pp, first=first, last=last, account_embedding_loss=accounted) is not None
+    except LayoutError:
+        return False
+
+
+def layout_coupler(spec: CampaignSpec) -> Callable[[dict[str, ArgValue], str, ArgValue], dict[str, ArgValue] | None] | None:
+    """Rule 2's coupled sets for parallel degrees: moving one degree moves the ones it forces.
+
+    Given a recipe's flags and one degree's new value, the nearest feasible layout (per the layout
+    enumerator) with that value: the fewest other degrees changed, then the smallest change, and the
+    pipeline split recomputed when PP moves. None: no feasible layout has that value. Only where the
+    enumerator knows the model (else no coupler, and degrees move alone)."""
+    import math as _math
+
+    from attune.layouts import LayoutError, LayoutOptions, enumerate_layouts, find_model
+
+    try:
+        model = find_model(spec.model)
+    except (LayoutError, KeyError, ValueError):
+        return None
+    if not any(f in (spec.search_space or {}) for f in DEGREE_FLAGS.values()):
+        return None
+    cache: dict[tuple[int, int], list[Any]] = {}
+
+    def deg(args: dict[str, ArgValue], flag: str) -> int:
+        v = args.get(flag, spec.baseline.args.get(flag))
+        return int(v) if v not in (None, False, True) else 1
+
+    def couple(full: dict[str, ArgValue], lever: str, value: ArgValue) -> dict[str, ArgValue] | None:
+        dim = next((d for d, f in DEGREE_FLAGS.items() if f == lever), None)
+        if dim is None:
+            return full
+        cur = {d: deg(full, f) for d, f in DEGREE_FLAGS.items()}
+        etp = deg(full, "--expert-tensor-parallel-size")
+        mbs = deg(full, "--micro-batch-size")
+        key = (etp, mbs)
+        if key not in cache:
+            try:
+                cache[key] = enumerate_layouts(model, LayoutOptions(
+                    gpus=spec.cluster.gpus, gpus_per_node=spec.cluster.gpus_per_node,
+                    seq_length=spec.workload.seq_length, global_batch=spec.workload.global_batch,
+                    micro_batch=mbs, allowed={"vp": {1}, "etp": {etp}} if model.is_moe else {"vp": {1}}))
+            except LayoutError:
+                cache[key] = []
+        want = int(value) if value not in (None, False, True) else 1
+        best: tuple[tuple[int, float], Any] | None = None
+        for rep in cache[key]:
+            lay = rep.layout
+            got = {"tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep or 1}
+            if got[dim] != want:
+                continue
+            others = [d for d in got if d != dim and got[d] != cur[d]]
+            dist = sum(abs(_math.log2(got[d] / cur[d])) for d in others)
+            score = (len(others), dist)
+            if best is None or score < best[0]:
+                best = (score, lay)
+        if best is None:
+            return None
+        lay = best[1]
+        out = dict(full)
+        got = {"tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep or 1}
+        for d, f in DEGREE_FLAGS.items():
+            if got[d] != cur[d] or f == lever:
+                if f == DEGREE_FLAGS["ep"] and not model.is_moe:
+                    continue
+                out[f] = got[d]
+        if lay.split is not None and not _split_fits(model.layers, lay.pp, out):
+            for f in SPLIT_FLAGS:
+                out[f] = None
+            for text in lay.split.flags():
+                name, _, val = text.partition("=")
+                out[name] = int(val) if val else True
+        return out
+
+    return couple
+
+
 def make_tuner(spec: CampaignSpec, name: str, seed: int = 0, max_passes: int = 3) -> Tuner:
     space, baseline = space_and_baseline(spec)
     if name == "heuristic":
         order, hypotheses = catalog_guidance(spec, list(space))
+        couple = layout_coupler(spec)
+        extra = {}
+        for f in (*SPLIT_FLAGS, *RECOMPUTE_FLAGS, "--recompute-granularity", *DEGREE_FLAGS.values()):
+            if f not in space:
+                v = spec.baseline.args.get(f)
+                extra[f] = None if v is False else v
         return HeuristicTuner(space, baseline, seed=seed, priority=order, hypotheses=hypotheses,
-                              max_passes=max_passes)
+                              max_passes=max_passes, couple=couple, extra_baseline=extra,
+                              memory_retry=spec.framework == "megatron-lm" or "--recompute-granularity" in space)
     if name == "random":
         return RandomTuner(space, baseline, seed=seed)
     if name == "tpe":

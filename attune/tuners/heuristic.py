@@ -2,9 +2,11 @@
 
 It is the fallback where no agent is available. From the leader, it changes one lever at a time
 (rule 2), trying a lever's values nearest the leader's first; a lever is ruled out only after two
-of its values fail to beat the leader, or when its values run out (rule 4). A candidate that runs
-out of memory is retried once with the memory-saving lever added back (rule 5). When a lever wins,
-the levers that won before are re-tested on the new leader (rule 6). It stops, with evidence, when
+of its values fail to beat the leader, or when its values run out (rule 4); a parallel degree moves
+with the degrees it forces (the factory's layout coupler: the nearest feasible layout). A candidate
+that runs out of memory is retried once with full recomputation added (rule 5). When a parallel
+degree wins, every lever is probed again from the new layout at once; after a pass that improved
+the leader, the levers that won before are re-tested on it first (rule 6). It stops, with evidence, when
 a full pass over the levers finds nothing that beats the leader.
 
 Levers are taken in the order of `priority` (the catalog's expected-gain order), else in the
@@ -14,11 +16,35 @@ order the campaign declares them.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from attune.tuners.base import ArgValue, Candidate, Outcome, Tuner, recipe_key
 
 MEMORY_SAVERS: dict[str, ArgValue] = {"--recompute-granularity": "full", "--recompute-activations": True}
+LAYOUT_FLAGS = frozenset({"--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
+                          "--expert-model-parallel-size", "--expert-tensor-parallel-size",
+                          "--num-virtual-stages-per-pipeline-rank"})
+FULL_RECOMPUTE: dict[str, ArgValue] = {"--recompute-granularity": "full", "--recompute-method": "uniform",
+                                       "--recompute-num-layers": 1}
+Coupler = Callable[[dict[str, ArgValue], str, ArgValue], "dict[str, ArgValue] | None"]
+
+
+def _recompute_fixup(full: dict[str, ArgValue], baseline: dict[str, ArgValue]) -> dict[str, ArgValue]:
+    """A granularity moved away from the baseline's: full recomputation needs a method and a layer count
+    (Megatron), other granularities take neither. The baseline's own granularity is left as it is."""
+    if full.get("--recompute-granularity") == baseline.get("--recompute-granularity"):
+        return full
+    out = dict(full)
+    if out.get("--recompute-granularity") == "full":
+        if out.get("--recompute-method") in (None, False):
+            out["--recompute-method"] = "uniform"
+        if out.get("--recompute-num-layers") in (None, False):
+            out["--recompute-num-layers"] = 1
+    elif "--recompute-granularity" in out:
+        out["--recompute-method"] = None
+        out["--recompute-num-layers"] = None
+    return out
 
 
 class HeuristicTuner(Tuner):
@@ -32,8 +58,21 @@ class HeuristicTuner(Tuner):
         priority: list[str] | None = None,
         hypotheses: dict[str, str] | None = None,
         max_passes: int = 3,
+        couple: Coupler | None = None,
+        extra_baseline: dict[str, ArgValue] | None = None,
+        memory_retry: bool | None = None,
     ) -> None:
         super().__init__(space, baseline, seed)
+        # Flags outside the space that a coupled move may set (the pipeline split, recompute details).
+        self.extra = {k: v for k, v in (extra_baseline or {}).items() if k not in space}
+        self.baseline = {**self.extra, **baseline}
+        self.keys = list(space) + list(self.extra)
+        self.couple = couple
+        self.measured: list[str] = []  # levers with at least one measured candidate
+        self.restart = False  # a layout lever won: probe every lever again from the new leader
+        # Rule 5's retry adds full recomputation (a Megatron memory saving) even where the space has no
+        # recompute lever: the retry is part of the rule, not a search choice.
+        self.memory_retry = "--recompute-granularity" in space if memory_retry is None else memory_retry
         order = [k for k in (priority or []) if k in space] + [k for k in space if k not in (priority or [])]
         self.order = order
         self.hypotheses = hypotheses or {}
@@ -46,7 +85,7 @@ class HeuristicTuner(Tuner):
         self.failures_this_lever = 0
         self.current_lever: str | None = None
         self.improved_this_pass = False
-        self.pending_retry: Candidate | None = None
+        self.pending_retry: deque[Candidate] = deque()
         self.tried.add(recipe_key({}))
         self._lever_iter: deque[str] = deque()
         self._start_pass()
@@ -74,8 +113,17 @@ class HeuristicTuner(Tuner):
             return out
         return [v for v in values if v != cur]
 
+    def _full(self, changes: dict[str, ArgValue]) -> dict[str, ArgValue]:
+        return {**{k: self.baseline.get(k) for k in self.keys}, **changes}
+
     def _candidate(self, lever: str, value: ArgValue, why: str) -> Candidate | None:
-        full = {**{k: self.baseline.get(k) for k in self.space}, **self.leader, lever: value}
+        full: dict[str, ArgValue] | None = {**self._full(self.leader), lever: value}
+        if self.couple is not None and full is not None:
+            full = self.couple(full, lever, value)  # rule 2: a degree moves with the degrees it forces
+        if full is None:
+            return None  # no feasible layout has this value
+        if "--recompute-granularity" in self.space or self.memory_retry:
+            full = _recompute_fixup(full, self.baseline)
         changes = self.diff(full)
         key = recipe_key(changes)
         if key in self.tried:
@@ -91,9 +139,8 @@ class HeuristicTuner(Tuner):
 
     # ---- the interface -----------------------------------------------------------------
     def ask(self) -> Candidate | None:
-        if self.pending_retry is not None:
-            cand, self.pending_retry = self.pending_retry, None
-            return cand
+        if self.pending_retry:
+            return self.pending_retry.popleft()
         while True:
             while self.queue:
                 lever, value = self.queue.popleft()
@@ -102,6 +149,12 @@ class HeuristicTuner(Tuner):
                     return cand
             if self.current_lever is not None and self.current_lever not in self.ruled_out:
                 self.ruled_out[self.current_lever] = "values exhausted without beating the leader"
+            if self.restart:
+                # The layout moved: its neighbours are new recipes (a lower TP may now fit a deeper
+                # pipeline), so every lever is probed again from the new leader, in priority order.
+                self.restart = False
+                self.ruled_out = {}
+                self._lever_iter = deque(self.order)
             if not self._lever_iter:
                 if not self.improved_this_pass or self.passes >= self.max_passes:
                     return None
@@ -119,10 +172,13 @@ class HeuristicTuner(Tuner):
     def tell(self, candidate: Candidate, outcome: Outcome) -> None:
         tok: dict[str, Any] = candidate.token or {}
         lever = tok.get("lever", candidate.lever)
+        if outcome.outcome != "refused" and lever not in self.measured:
+            self.measured.append(lever)
         if outcome.promoted:
             old = self._value(lever)
             self.leader = dict(candidate.changes)
             self.improved_this_pass = True
+            self.restart = self.restart or lever in LAYOUT_FLAGS
             if lever not in self.won:
                 self.won.append(lever)
             # Keep moving in the direction that won, drop the other direction.
@@ -131,18 +187,31 @@ class HeuristicTuner(Tuner):
                 (lever, v) for v in self._values_to_try(lever) if self._beyond(lever, v, tok.get("value"), old)
             )
             return
+        if outcome.outcome == "oom" and not tok.get("retried") and self.memory_retry \
+                and candidate.changes.get("--recompute-granularity", self.baseline.get("--recompute-granularity")) != "full":
+            # Rule 5: give the layout its memory savings back (full recomputation) and measure it again.
+            changes = self.diff(self._full({**candidate.changes, **FULL_RECOMPUTE}))
+            if recipe_key(changes) not in self.tried:
+                self.tried.add(recipe_key(changes))
+                self.pending_retry.append(Candidate(
+                    changes=changes, lever=lever,
+                    hypothesis=(f"rule 5: {lever}={tok.get('value')} ran out of memory; add back full recomputation "
+                                "and measure again before ruling the layout out"),
+                    token={**tok, "retried": True},
+                ))
+                return
         if outcome.outcome == "oom" and not tok.get("retried"):
             for saver, val in MEMORY_SAVERS.items():
                 if saver in self.space and candidate.changes.get(saver) != val and saver != lever:
                     changes = {**candidate.changes, saver: val}
-                    changes = self.diff({**{k: self.baseline.get(k) for k in self.space}, **changes})
+                    changes = self.diff(self._full(changes))
                     if recipe_key(changes) not in self.tried:
                         self.tried.add(recipe_key(changes))
-                        self.pending_retry = Candidate(
+                        self.pending_retry.append(Candidate(
                             changes=changes, lever=lever,
                             hypothesis=f"rule 5: {lever} ran out of memory; add back {saver}={val} and measure again",
                             token={**tok, "retried": True},
-                        )
+                        ))
                         return
         self.failures_this_lever += 1
         if self.failures_this_lever >= 2:
@@ -162,7 +231,7 @@ class HeuristicTuner(Tuner):
     def summary(self) -> dict[str, Any]:
         return {
             "tuner": self.name,
-            "levers_tested": list(self.order),
+            "levers_tested": [k for k in self.order if k in self.measured],
             "levers_won": list(self.won),
             "ruled_out": dict(self.ruled_out),
             "leader_changes": dict(self.leader),

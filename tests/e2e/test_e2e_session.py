@@ -57,6 +57,9 @@ def _tinygpt_campaign(d: Path) -> tuple[dict[str, Any], str]:
     spec["workload"]["global_batch"] = 4
     spec["budget"] = {**spec.get("budget", {}), "concurrency": 2}
     spec["control"] = {**spec.get("control", {}), "poll_interval_s": 0.2}
+    # One candidate is measured: 2 rows per microbatch is this space's limit, so search rule 4 lets the
+    # lever be ruled out after it (the control plane enforces the rule at record_stop).
+    spec["search_space"] = {"--micro-batch-size": [1, 2]}
     return spec, "--micro-batch-size"
 
 
@@ -66,6 +69,7 @@ def _fake_campaign(d: Path) -> tuple[dict[str, Any], str]:
     (d / "fake.yaml").write_text(FAKE_LIST)
     spec = json.loads(json.dumps(FAKE_SPEC))
     spec["baseline"]["command"] = ["python", str(ROOT / "tests" / "fake_trainer.py")]
+    spec["search_space"] = {"--fake-step-ms": [spec["baseline"]["args"]["--fake-step-ms"], 10]}  # 10: the limit
     return spec, "--fake-step-ms"
 
 
