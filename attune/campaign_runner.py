@@ -83,6 +83,8 @@ def describe_row(row: ledger_mod.Row, state: CampaignState) -> str | None:
                 f" ({str(d.get('reason'))[:160]})")
     if t == "shipped":
         return f"shipped {d['run_id']}: {d.get('reason')}"
+    if t == "campaign_failed":
+        return f"the campaign FAILED: {d.get('reason')}"
     if t == "remeasurement":
         return f"  re-measured {d['recipe_of']}: {d['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU"
     return None
@@ -176,9 +178,11 @@ class TuneResult:
     seconds: float
     replayed: int = 0
     notes: list[str] = field(default_factory=list)
+    failed: str | None = None  # why the campaign ended failed (no valid evidence); None: it succeeded
 
     def as_dict(self) -> dict[str, Any]:
-        return {"campaign_dir": str(self.campaign_dir), "tuner": self.tuner, "shipped": self.shipped,
+        return {"campaign_dir": str(self.campaign_dir), "tuner": self.tuner,
+                "outcome": "failed" if self.failed else "shipped", "failed": self.failed, "shipped": self.shipped,
                 "report_md": str(self.report_md), "report_html": str(self.report_html),
                 "headline": self.headline, "seconds": round(self.seconds, 1), "replayed": self.replayed,
                 "notes": self.notes}
@@ -278,14 +282,15 @@ class CampaignRunner:
                 with self._client() as client:
                     self.calibrate(client, spec)
                     self.search(client, spec)
-            st = self._wait(shipping.done, "shipping")
+            st = self._wait(lambda s: s.failed is not None or shipping.done(s), "shipping")
         finally:
             stop.set()
             ticker.join(timeout=5)
         self._progress()
         md, page, rep = report_mod.write(self.dir)
         return TuneResult(self.dir, self.tuner_name, (st.shipped or {}).get("run_id"), md, page,
-                          dict(rep.headline.__dict__), time.monotonic() - t0, self.replayed, self.notes)
+                          dict(rep.headline.__dict__), time.monotonic() - t0, self.replayed, self.notes,
+                          failed=str(st.failed.get("reason")) if st.failed else None)
 
     def calibrate(self, client: Any, spec: CampaignSpec) -> None:
         required = spec.calibration.runs

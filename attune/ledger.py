@@ -54,6 +54,7 @@ ROW_TYPES: dict[str, tuple[str, ...]] = {
     "check_run": ("run_id", "candidate_run_id", "passed"),
     "shipped": ("run_id", "recipe"),
     "remeasurement": ("run_id", "recipe_of", "tokens_per_s_per_gpu"),
+    "campaign_failed": ("reason",),
 }
 
 

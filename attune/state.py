@@ -142,6 +142,7 @@ class CampaignState:
     checks: list[dict[str, Any]] = field(default_factory=list)
     shipped: dict[str, Any] | None = None
     remeasurements: list[dict[str, Any]] = field(default_factory=list)
+    failed: dict[str, Any] | None = None  # the campaign ended failed: no valid evidence (reason, phase)
     last_seq: int = -1
     last_hash: str = ledger_mod.GENESIS
 
@@ -178,6 +179,8 @@ class CampaignState:
         missing: list[str] = []
         if self.name is None:
             return ["the campaign has not started (no campaign_started row in the ledger)"]
+        if self.failed is not None:
+            return []  # over: it ended failed (the Stop hook says so), nothing more can be done in it
         if not self.budget.spent and self.stop is None:
             rem = self.budget.search_remaining
             left = "unknown (not calibrated yet)" if rem is None else f"{rem:.4g} GPU-hours"
@@ -331,6 +334,10 @@ class CampaignState:
     def _on_remeasurement(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
         self.remeasurements.append({"seq": row.seq, **d})
 
+    def _on_campaign_failed(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
+        if self.failed is None:
+            self.failed = {"seq": row.seq, "ts": row.ts, **d}
+
     def _run(self, run_id: str, row: ledger_mod.Row) -> RunState:
         try:
             return self.runs[run_id]
@@ -375,6 +382,7 @@ class CampaignState:
             "checks": list(self.checks),
             "shipped": self.shipped,
             "remeasurements": list(self.remeasurements),
+            "failed": self.failed,
             "missing_for_stop": self.missing_for_stop(),
         }
 

@@ -247,8 +247,10 @@ class Calibration(BaseModel):
 class Shipping(BaseModel):
     """The control plane's shipping step, which runs after the stop (not the agent's)."""
 
-    phase: str = Field(description="searching | waiting | checking | remeasuring | done")
-    done: bool = Field(description="shipped and re-measured: nothing more runs")
+    phase: str = Field(description="searching | waiting | checking | remeasuring | done | failed")
+    done: bool = Field(description="shipped and re-measured with valid measurements: nothing more runs")
+    failed: bool = Field(False, description="the campaign ended failed (no valid evidence): nothing more runs")
+    failure: str | None = Field(None, description="why it failed")
     shipped: str | None = Field(None, description="the shipped run id, or baseline")
     candidates: list[str] = Field(default_factory=list, description="runs to check, fastest first")
     checks: list[dict[str, Any]] = Field(default_factory=list, description="gate verdicts so far")
