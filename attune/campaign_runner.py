@@ -270,6 +270,7 @@ class CampaignRunner:
         spec, _ = start(self.dir)
         if self.tuner_name != "claude":
             make_tuner(spec, self.tuner_name, self.seed, self.max_passes)  # a bad search space fails before any run
+        self.prepare_environment(spec)
         self._ensure_broker()
         self._progress()
         stop = threading.Event()
@@ -291,6 +292,24 @@ class CampaignRunner:
         return TuneResult(self.dir, self.tuner_name, (st.shipped or {}).get("run_id"), md, page,
                           dict(rep.headline.__dict__), time.monotonic() - t0, self.replayed, self.notes,
                           failed=str(st.failed.get("reason")) if st.failed else None)
+
+    def prepare_environment(self, spec: CampaignSpec) -> None:
+        """The jobs' Python environment (spec `environment`, local backend): built here, with its progress,
+        when no interpreter at hand has the workload's modules; a failure ends the command with the fix."""
+        from attune import workenv
+
+        st = workenv.status(spec, self.dir)
+        if st.state in ("ready", "unchecked"):
+            return
+        if self.say:
+            self.say(f"building the workload's Python environment ({', '.join(st.packages)}) in {st.directory}; "
+                     f"log {st.log}")
+        st = workenv.build_and_wait(spec, self.dir, say=self.say)
+        if st.state != "ready":
+            raise RunnerError(f"the workload's Python environment is not ready: {st.reason}"
+                              + (f" (log {st.log})" if st.log else "") + (f". Fix: {st.fix}" if st.fix else ""))
+        if self.say:
+            self.say(f"workload environment ready: {st.python}")
 
     def calibrate(self, client: Any, spec: CampaignSpec) -> None:
         required = spec.calibration.runs
