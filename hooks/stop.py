@@ -42,6 +42,8 @@ def _hint(missing):
 
 def _provisioning_failure():
     """The plugin's own environment could not be built (recorded by mcp_servers/launch.py), or None."""
+    if os.environ.get("ATTUNE_PYTHON"):  # the servers run on that interpreter: no environment is built
+        return None
     try:
         from mcp_servers import launch
 

@@ -106,3 +106,15 @@ def test_a_named_interpreter_that_has_the_modules_runs_the_jobs(tmp_path: Path) 
     out2 = CampaignHandle(d2).launch(LaunchRequest(kind="calibration"))
     assert out2["code"] == "environment" and str(venv / "bin" / "python") in out2["reason"]
     assert "No module named 'yaml'" in out2["reason"]
+
+
+def test_the_recorded_tool_schemas_are_the_servers_own() -> None:
+    """mcp_servers/tool_schemas.json (what a first start lists while it builds) matches the servers."""
+    from mcp_servers import launch
+
+    recorded = json.loads((ROOT / "mcp_servers" / "tool_schemas.json").read_text())
+    live = json.loads(json.dumps(launch.write_schemas(ROOT)))
+    assert recorded["servers"].keys() == live["servers"].keys() == set(launch.SERVERS)
+    for name, entry in live["servers"].items():
+        assert recorded["servers"][name] == entry, (
+            f"{name}: tool_schemas.json is stale; run: python mcp_servers/launch.py --write-schemas")

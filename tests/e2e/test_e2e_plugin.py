@@ -116,6 +116,7 @@ def _describe(p: subprocess.CompletedProcess[str], agent: Agent | None, model: S
     return "\n".join(lines)
 
 
+@pytest.mark.timeout(2400)
 def test_first_campaign_through_the_installed_plugin_ships_a_gated_recipe(claude: str, marketplace: str,
                                                                          tmp_path: Path) -> None:
     home = tmp_path / "home"
@@ -221,6 +222,7 @@ def test_first_campaign_through_the_installed_plugin_ships_a_gated_recipe(claude
             os.kill(int(json.loads(endpoint.read_text())["pid"]), 15)
 
 
+@pytest.mark.timeout(900)
 def test_an_unreachable_package_index_fails_clearly_and_non_zero(claude: str, marketplace: str,
                                                                  tmp_path: Path) -> None:
     home = tmp_path / "home"
@@ -253,3 +255,26 @@ def test_an_unreachable_package_index_fails_clearly_and_non_zero(claude: str, ma
     assert "attune's MCP servers could not start" in p.stderr and "pip install" in p.stderr, detail
     assert "package index must be reachable" in p.stderr, detail
     assert not (camp / "ledger.jsonl").exists()
+
+
+@pytest.mark.timeout(900)
+def test_the_launchers_block_cap_keeps_a_blocked_session_going(claude: str, tmp_path: Path) -> None:
+    """Claude Code overrides a Stop hook after 8 consecutive blocks; with the cap `attune tune` sets,
+    the plugin's Stop hook keeps blocking (the campaign is not done) and the session goes on."""
+    from attune import campaign as campaign_mod
+    from attune.launcher import STOP_HOOK_BLOCK_CAP
+    from tests._broker_helpers import FAKE_LIST, FAKE_SPEC
+    from tests.e2e.harness import run_session
+
+    camp = tmp_path / "campaign"
+    camp.mkdir()
+    (camp / "fake.yaml").write_text(FAKE_LIST)
+    (camp / "campaign.yaml").write_text(json.dumps(FAKE_SPEC))
+    campaign_mod.start(camp)
+    ends = [lambda _b, i=i: [text(f"I am done ({i}).")] for i in range(12)]
+    session = run_session(camp, ends, tmp_path, max_turns=13, timeout=600,
+                          extra_env={"CLAUDE_CODE_STOP_HOOK_BLOCK_CAP": STOP_HOOK_BLOCK_CAP})
+    blocks = [r for r in session.hook_log() if r["event"] == "Stop" and r["decision"] == "block"]
+    assert len(blocks) > 8, (len(blocks), session.describe())
+    assert "A hook blocked the turn from ending" not in json.dumps(session.events)
+    assert session.result.get("subtype") != "success", session.describe()  # it ran into --max-turns instead
