@@ -137,7 +137,8 @@ class LaunchResult(BaseModel):
     code: str | None = Field(None, description=(
         "refusal code: gate, identical, budget, concurrency, not_calibrated, calibration_full, pinned, "
         "stack_fix, profile_flag, env_not_allowlisted, code_locations, no_change, bad_request, bad_change, "
-        "stopped, shape, budget_unset, no_estimate"))
+        "stopped, shape, budget_unset, no_estimate, environment (the jobs' Python lacks the workload's modules: "
+        "see workload_environment)"))
     reason: str | None = Field(None, description="why it was refused, in words: what to change")
     expected_gpu_hours: float | None = None
     changes: dict[str, Any] | None = Field(None, description="the recipe's full difference from the baseline")
