@@ -162,22 +162,43 @@ def test_first_campaign_through_the_installed_plugin_ships_a_gated_recipe(claude
             else:
                 yield from a.wait(2)
         seen["calibration"] = st.get("calibration")
-        yield from a.call(mcp("launch_candidate"), {
-            "changes": {"args": {"--micro-batch-size": 8}},
-            "hypothesis": "the step is bound by per-microbatch overhead (16 microbatches of one row); eight rows "
-                          "per microbatch cut it",
-            "lever": "micro-batch-size", "expected_gain": 0.5})
-        seen["launch"] = (a.data(), a.is_error, a.out)
-        run_id = a.data().get("run_id")
-        for _ in range(600):
-            yield from a.call(mcp("run_status"), {"run_id": run_id})
-            if a.data().get("status") == "finished":
+        # One lever per candidate, each on top of the previous one, until one leads (a loaded machine
+        # widens the band): fewer, larger microbatches; no activation recomputation; the fused optimizer.
+        plan = [("micro-batch-size", {"--micro-batch-size": 8}, "the step is bound by per-microbatch overhead "
+                 "(16 microbatches of one row); eight rows per microbatch cut it"),
+                ("recompute-granularity", {"--recompute-granularity": None}, "full recomputation redoes every "
+                 "layer's forward; memory is plentiful, so dropping it saves a third of the compute"),
+                ("optimizer-impl", {"--optimizer-impl": "fused"}, "the for-loop optimizer launches one small op "
+                 "per tensor; the fused one updates them in a single pass")]
+        base = "baseline"
+        seen["candidates"] = []
+        for lever, change, hypothesis in plan:
+            yield from a.call(mcp("launch_candidate"), {"changes": {"args": change}, "hypothesis": hypothesis,
+                                                        "lever": lever, "expected_gain": 0.3, "base": base})
+            seen["launch"] = (a.data(), a.is_error, a.out)
+            run_id = a.data().get("run_id")
+            if not run_id:
                 break
-            yield from a.wait(2)
-        seen["candidate"] = a.data()
+            for _ in range(600):
+                yield from a.call(mcp("run_status"), {"run_id": run_id})
+                if a.data().get("status") == "finished":
+                    break
+                yield from a.wait(2)
+            seen["candidates"].append(a.data())
+            if a.data().get("verdict") == "leader":
+                break
+            base = run_id
+        seen["candidate"] = seen["candidates"][-1] if seen["candidates"] else {}
+        # every server's tools answer in this first session
+        for server, tool in (("metrics", "campaign_measurements"), ("traces", "list_profiled_runs"),
+                             ("gate", "list_correctness_lists")):
+            yield from a.call(mcp(tool, server), {})
+            seen.setdefault("servers", {})[server] = (a.is_error, a.out[:500])
+        seen["request_tools"] = [t.get("name") for t in model.current.get("tools", []) if isinstance(t, dict)]
+        levers = [c.get("lever") for c in seen["candidates"] if c.get("lever")]
         yield from a.call(mcp("record_stop"), {
-            "levers_tested": ["micro-batch-size"],
-            "diagnosis": "eight rows per microbatch removed the per-microbatch overhead; what is left is compute"})
+            "levers_tested": levers or ["micro-batch-size"],
+            "diagnosis": "the per-step overheads these levers address are gone; what is left is compute"})
         seen["stop"] = (a.data(), a.is_error, a.out)
         for _ in range(900):
             yield from a.call(mcp("campaign_status"), {})
@@ -194,8 +215,14 @@ def test_first_campaign_through_the_installed_plugin_ships_a_gated_recipe(claude
     detail = _describe(p, agent, model)
     init = next(e for e in events if e.get("type") == "system" and e.get("subtype") == "init")
     status = {s["name"]: s["status"] for s in init.get("mcp_servers", [])}
-    assert {f"plugin:attune:{n}": "connected" for n in SERVERS}.items() <= status.items(), (status, detail)
-    assert recorded_tools() <= set(init.get("tools", [])), (sorted(recorded_tools() - set(init["tools"])), detail)
+    # no server failed; on a loaded machine one may still be connecting when the session starts
+    assert {f"plugin:attune:{n}" for n in SERVERS} <= status.keys(), (status, detail)
+    assert all(status[f"plugin:attune:{n}"] in ("connected", "pending") for n in SERVERS), (status, detail)
+    seen_tools = set(init.get("tools", [])) | set(seen.get("request_tools", []))
+    assert recorded_tools() <= seen_tools, (sorted(recorded_tools() - seen_tools), detail)
+    for server, (err, out) in seen.get("servers", {}).items():
+        assert not err, (server, out)
+    assert set(seen.get("servers", {})) == {"metrics", "traces", "gate"}, detail
     assert not model.errors, detail
     start, err, out = seen["start"]
     assert not err and start.get("started") is True and start.get("name") == "tinygpt-local", (out, detail)
@@ -205,14 +232,15 @@ def test_first_campaign_through_the_installed_plugin_ships_a_gated_recipe(claude
         assert str(home) in seen["env"]["python"], seen["env"]
     launch, err, out = seen["launch"]
     assert not err and launch.get("admitted") is True, (out, detail)
-    assert seen["candidate"].get("outcome") == "ok", seen["candidate"]
+    assert seen["candidate"].get("outcome") == "ok" and seen["candidate"].get("verdict") == "leader", (
+        seen["candidates"], seen["calibration"])
     assert seen["shipping"] and seen["shipping"].get("done"), (seen["shipping"], detail)
     result = next(e for e in reversed(events) if e.get("type") == "result")
     assert p.returncode == 0 and result.get("subtype") == "success", detail
     state, _ = load_state(camp)
     assert state.failed is None and state.shipped is not None
     shipped = state.shipped["run_id"]
-    assert shipped == launch["run_id"], (state.shipped, state.checks)
+    assert shipped == seen["candidate"]["run_id"], (state.shipped, state.checks)
     assert any(c["candidate_run_id"] == shipped and c["passed"] for c in state.checks)
     evidence = json.loads((camp / "shipped" / "evidence.json").read_text())
     assert evidence["complete"] is True and evidence["remeasurement"]["gain"] > 0, evidence
