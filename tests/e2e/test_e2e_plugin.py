@@ -218,8 +218,14 @@ def test_first_campaign_through_the_installed_plugin_ships_a_gated_recipe(claude
     # no server failed; on a loaded machine one may still be connecting when the session starts
     assert {f"plugin:attune:{n}" for n in SERVERS} <= status.keys(), (status, detail)
     assert all(status[f"plugin:attune:{n}"] in ("connected", "pending") for n in SERVERS), (status, detail)
-    seen_tools = set(init.get("tools", [])) | set(seen.get("request_tools", []))
-    assert recorded_tools() <= seen_tools, (sorted(recorded_tools() - seen_tools), detail)
+    # every tool of every server connected at the start is in the session from its first turn (served from
+    # the recorded schemas while the environment built); a server still connecting then (its launcher
+    # started late on a busy machine) shows its tools by the time the agent calls them (below)
+    listed = set(init.get("tools", [])) | set(seen.get("request_tools", []))
+    connected = [n for n in SERVERS if status[f"plugin:attune:{n}"] == "connected"]
+    assert "broker" in connected, (status, detail)
+    want = {t for t in recorded_tools() if t.split("__")[1].removeprefix("plugin_attune_") in connected}
+    assert want <= listed, (sorted(want - listed), detail)
     for server, (err, out) in seen.get("servers", {}).items():
         assert not err, (server, out)
     assert set(seen.get("servers", {})) == {"metrics", "traces", "gate"}, detail
