@@ -192,7 +192,7 @@ def test_first_campaign_through_the_installed_plugin_ships_a_gated_recipe(claude
                 break
             for _ in range(600):
                 yield from a.call(mcp("run_status"), {"run_id": run_id})
-                if a.data().get("status") == "finished":
+                if a.data().get("status") == "finished" and a.data().get("verdict") is not None:
                     break
                 yield from a.wait(2)
             seen["candidates"].append(a.data())
