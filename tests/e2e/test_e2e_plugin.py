@@ -21,9 +21,11 @@ Both need the package index (pip's, as configured on the machine) for the first 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -224,7 +226,17 @@ def test_first_campaign_through_the_installed_plugin_ships_a_gated_recipe(claude
         yield [text("The campaign is done: a recipe shipped.")]
 
     model = ScriptedModel(script)
-    p, events = _session(claude, home, camp, model, {}, timeout=1500)
+    try:
+        p, events = _session(claude, home, camp, model, {}, timeout=1500)
+        _check_first_campaign(p, events, seen, model, home, camp)
+    finally:  # the campaign's local broker outlives the session (it finishes runs in flight): stop it
+        endpoint = camp / ".broker" / "endpoint.json"
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            os.kill(int(json.loads(endpoint.read_text())["pid"]), signal.SIGTERM)
+
+
+def _check_first_campaign(p: subprocess.CompletedProcess[str], events: list[dict[str, Any]], seen: dict[str, Any],
+                          model: ScriptedModel, home: Path, camp: Path) -> None:
     agent = seen.get("agent")
     detail = _describe(p, agent, model)
     init = next(e for e in events if e.get("type") == "system" and e.get("subtype") == "init")
@@ -262,10 +274,6 @@ def test_first_campaign_through_the_installed_plugin_ships_a_gated_recipe(claude
     assert any(c["candidate_run_id"] == shipped and c["passed"] for c in state.checks)
     evidence = json.loads((camp / "shipped" / "evidence.json").read_text())
     assert evidence["complete"] is True and evidence["remeasurement"]["gain"] > 0, evidence
-    endpoint = camp / ".broker" / "endpoint.json"
-    if endpoint.exists():
-        with __import__("contextlib").suppress(OSError, ValueError):
-            os.kill(int(json.loads(endpoint.read_text())["pid"]), 15)
 
 
 @pytest.mark.timeout(900)
