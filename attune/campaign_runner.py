@@ -84,6 +84,8 @@ def describe_row(row: ledger_mod.Row, state: CampaignState) -> str | None:
                 f" ({str(d.get('reason'))[:160]})")
     if t == "shipped":
         return f"shipped {d['run_id']}: {d.get('reason')}"
+    if t == "campaign_failed":
+        return f"the campaign FAILED: {d.get('reason')}"
     if t == "remeasurement":
         return f"  re-measured {d['recipe_of']}: {d['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU"
     return None
@@ -177,9 +179,11 @@ class TuneResult:
     seconds: float
     replayed: int = 0
     notes: list[str] = field(default_factory=list)
+    failed: str | None = None  # why the campaign ended failed (no valid evidence); None: it succeeded
 
     def as_dict(self) -> dict[str, Any]:
-        return {"campaign_dir": str(self.campaign_dir), "tuner": self.tuner, "shipped": self.shipped,
+        return {"campaign_dir": str(self.campaign_dir), "tuner": self.tuner,
+                "outcome": "failed" if self.failed else "shipped", "failed": self.failed, "shipped": self.shipped,
                 "report_md": str(self.report_md), "report_html": str(self.report_html),
                 "headline": self.headline, "seconds": round(self.seconds, 1), "replayed": self.replayed,
                 "notes": self.notes}
@@ -268,6 +272,7 @@ class CampaignRunner:
         spec, _ = start(self.dir, search_rules="off" if self.tuner_name in EARLY_ABORT_TUNERS else "enforced")
         if self.tuner_name != "claude":
             make_tuner(spec, self.tuner_name, self.seed, self.max_passes)  # a bad search space fails before any run
+        self.prepare_environment(spec)
         self._ensure_broker()
         self._progress()
         stop = threading.Event()
@@ -280,7 +285,7 @@ class CampaignRunner:
                 with self._client() as client:
                     self.calibrate(client, spec)
                     self.search(client, spec)
-            st = self._wait(shipping.done, "shipping")
+            st = self._wait(lambda s: s.failed is not None or shipping.done(s), "shipping")
         finally:
             stop.set()
             ticker.join(timeout=5)
@@ -290,7 +295,26 @@ class CampaignRunner:
         write_summary(self.dir)  # notes/summary.md (kept if the agent wrote one), read by the next campaign
         md, page, rep = report_mod.write(self.dir)
         return TuneResult(self.dir, self.tuner_name, (st.shipped or {}).get("run_id"), md, page,
-                          dict(rep.headline.__dict__), time.monotonic() - t0, self.replayed, self.notes)
+                          dict(rep.headline.__dict__), time.monotonic() - t0, self.replayed, self.notes,
+                          failed=str(st.failed.get("reason")) if st.failed else None)
+
+    def prepare_environment(self, spec: CampaignSpec) -> None:
+        """The jobs' Python environment (spec `environment`, local backend): built here, with its progress,
+        when no interpreter at hand has the workload's modules; a failure ends the command with the fix."""
+        from attune import workenv
+
+        st = workenv.status(spec, self.dir)
+        if st.state in ("ready", "unchecked"):
+            return
+        if self.say:
+            self.say(f"building the workload's Python environment ({', '.join(st.packages)}) in {st.directory}; "
+                     f"log {st.log}")
+        st = workenv.build_and_wait(spec, self.dir, say=self.say)
+        if st.state != "ready":
+            raise RunnerError(f"the workload's Python environment is not ready: {st.reason}"
+                              + (f" (log {st.log})" if st.log else "") + (f". Fix: {st.fix}" if st.fix else ""))
+        if self.say:
+            self.say(f"workload environment ready: {st.python}")
 
     def calibrate(self, client: Any, spec: CampaignSpec) -> None:
         required = spec.calibration.runs

@@ -384,6 +384,27 @@ class Control:
             decision.budget = self.state().budget.as_dict()
             return decision
 
+    def _with_workload_python(self, job: ResolvedJob) -> ResolvedJob:
+        """The job with its command's `python` made the workload's interpreter (spec `environment`).
+
+        Refuses (RunGenError `environment`, with the fix) when no interpreter at hand can import the
+        workload's modules: checked before admission, so nothing is admitted or charged for a job
+        that could not start."""
+        if self.spec.environment is None or self.spec.cluster.backend != "local":
+            return job
+        from attune import workenv
+
+        st = workenv.status(self.spec, self.dir)
+        if st.state != "ready" or st.python is None:
+            raise RunGenError("environment", f"the workload's Python environment is not ready: {st.reason}"
+                              + (f". Fix: {st.fix}" if st.fix else ""))
+        argv = list(job.argv)
+        if argv and os.path.basename(argv[0]) in ("python", "python3"):
+            argv[0] = st.python
+        from dataclasses import replace
+
+        return replace(job, argv=tuple(argv))
+
     def _final_steps(self, kind: str) -> int:
         return self.spec.gate.convergence_steps if kind == "check" else self.spec.workload.steps_per_run
 
@@ -415,6 +436,7 @@ class Control:
         if problems:
             return Admission(False, "shape", "the job does not match the campaign's pinned shape: " + "; ".join(problems),
                              kind=kind)
+        job = self._with_workload_python(job)
         return Admission(True, run_id=run_id, kind=kind, expected_gpu_hours=_round(expected),
                          changes=cand.changes.as_dict(), job=job, recipe_key=cand.recipe_key)
 
@@ -531,6 +553,7 @@ class Control:
         if problems:
             return Admission(False, "shape", "the job does not match the campaign's pinned shape: " + "; ".join(problems),
                              kind=req.kind)
+        job = self._with_workload_python(job)
         return Admission(True, run_id=run_id, kind=req.kind, expected_gpu_hours=_round(expected or 0.0),
                          changes=cand.changes.as_dict(), retry_of=retry_of, exclude_nodes=exclude, job=job,
                          gate=gate_info, recipe_key=cand.recipe_key)

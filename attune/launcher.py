@@ -7,6 +7,13 @@ same command) while the ledger lacks a stop and a shipped result, resumes that s
 `--resume`. Once the stop is recorded the agent's part is over: the broker's control plane ships
 (checks, shipped recipe, final re-measurement) and `attune tune` waits for it. The ledger, not the session, is the source of truth: a resumed or fresh session
 rebuilds the campaign from it (the SessionStart hook gives the agent its state).
+
+The plugin: the one installed in Claude Code (`claude plugin list`) when there is one, else this
+checkout's (`--plugin-dir`). Its MCP servers run on attune's own interpreter (ATTUNE_PYTHON), so no
+environment is built for them. Claude Code ends a session after a Stop hook has blocked it
+CLAUDE_CODE_STOP_HOOK_BLOCK_CAP times in a row (8 by default): the launcher raises that cap so the
+hook can keep the session going, and when Claude Code ends a session anyway before the agent's part
+is done, the launcher resumes it. A campaign that ended failed is over: nothing is resumed.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from typing import Any
 from attune.state import CampaignState, load
 
 SESSION_FILE = "session.json"
+STOP_HOOK_BLOCK_CAP = "1000"  # Claude Code's default is 8 consecutive blocks
 PLUGIN_SERVERS = ("broker", "metrics", "traces", "gate")
 GOAL = (
     "/goal Tune the training recipe of the attune campaign in this directory (campaign.yaml) for "
@@ -42,15 +50,32 @@ def campaign_done(state: CampaignState) -> bool:
 
 
 def agent_done(state: CampaignState) -> bool:
-    """The agent's part is over: a stop is recorded (or the budget is spent). Shipping is the control
-    plane's (the broker runs it after the stop), so a session that ends after this is not resumed."""
-    return state.stop is not None or state.shipped is not None or (state.budget.spent and not state.in_flight)
+    """The agent's part is over: a stop is recorded (or the budget is spent), or the campaign failed.
+    Shipping is the control plane's (the broker runs it after the stop), so a session that ends after
+    this is not resumed."""
+    return (state.stop is not None or state.shipped is not None or state.failed is not None
+            or (state.budget.spent and not state.in_flight))
 
 
 def default_plugin_dir() -> Path | None:
     """The plugin root when attune runs from a checkout (an editable install) of the plugin."""
     root = Path(__file__).resolve().parents[1]
     return root if (root / ".claude-plugin" / "plugin.json").is_file() else None
+
+
+def installed_plugin(claude: str, env: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """The attune plugin installed (and enabled) in Claude Code, from `claude plugin list --json`."""
+    try:
+        p = subprocess.run([claude, "plugin", "list", "--json"], capture_output=True, text=True, timeout=120,
+                           env=env, stdin=subprocess.DEVNULL)
+        plugins = json.loads(p.stdout) if p.returncode == 0 else []
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None
+    for entry in plugins if isinstance(plugins, list) else []:
+        if (isinstance(entry, dict) and str(entry.get("id", "")).split("@")[0] == "attune"
+                and entry.get("enabled", True) and entry.get("installPath")):
+            return entry
+    return None
 
 
 @dataclass
@@ -90,7 +115,10 @@ class ClaudeLauncher:
     ) -> None:
         self.dir = Path(campaign_dir).resolve()
         self.claude = claude
-        self.plugin_dir = plugin_dir if plugin_dir is not None else default_plugin_dir()
+        self.installed: dict[str, Any] | None = None
+        if plugin_dir is None:
+            self.installed = installed_plugin(claude, {**os.environ, **(env or {})})
+        self.plugin_dir = plugin_dir if plugin_dir is not None or self.installed else default_plugin_dir()
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
         self.extra_args = list(extra_args)
@@ -119,18 +147,25 @@ class ClaudeLauncher:
 
         return ["--settings", sandbox.settings_json(self.dir, self.plugin_dir)]
 
-    def run_once(self, record: SessionRecord) -> int:
-        argv = self.argv(record.session_id)
-        started = datetime.now(UTC).isoformat()
-        env = {
+    def session_env(self) -> dict[str, str]:
+        return {
             **os.environ,
-            # Wait for the plugin's MCP servers before the first turn; a first start provisions their venv.
+            # Wait for the plugin's MCP servers before the first turn.
             "MCP_CONNECTION_NONBLOCKING": "false",
             "MCP_TIMEOUT": os.environ.get("MCP_TIMEOUT", "180000"),
             "MCP_CONNECT_TIMEOUT_MS": os.environ.get("MCP_CONNECT_TIMEOUT_MS", "180000"),
+            # The Stop hook keeps the session going until the campaign is done: raise Claude Code's cap.
+            "CLAUDE_CODE_STOP_HOOK_BLOCK_CAP": os.environ.get("CLAUDE_CODE_STOP_HOOK_BLOCK_CAP", STOP_HOOK_BLOCK_CAP),
+            # The servers run on attune's own interpreter, which has their dependencies: nothing to build.
+            "ATTUNE_PYTHON": os.environ.get("ATTUNE_PYTHON", sys.executable),
             **(self.env or {}),
             "ATTUNE_CAMPAIGN_DIR": str(self.dir),
         }
+
+    def run_once(self, record: SessionRecord) -> int:
+        argv = self.argv(record.session_id)
+        started = datetime.now(UTC).isoformat()
+        env = self.session_env()
         proc = subprocess.Popen(argv, cwd=self.dir, stdout=subprocess.PIPE, stderr=None, text=True, env=env)
         assert proc.stdout is not None
         result: dict[str, Any] = {}
@@ -159,6 +194,9 @@ class ClaudeLauncher:
                       "session runs only inside it")
             return 3
         record = SessionRecord.load(self.dir)
+        where = (f"the installed plugin {self.installed['id']} ({self.installed['installPath']})" if self.installed
+                 else f"the plugin at {self.plugin_dir}")
+        self._say(f"Claude Code runs the campaign with {where}")
         for attempt in range(self.max_attempts):
             state, _ = load(self.dir)
             if agent_done(state):
@@ -167,9 +205,15 @@ class ClaudeLauncher:
             how = f"resuming session {record.session_id}" if record.session_id else "starting a new session"
             self._say(f"attempt {attempt + 1}/{self.max_attempts}: {how}")
             rc = self.run_once(record)
+            state, _ = load(self.dir)
+            if agent_done(state):
+                continue
             if rc != 0:
                 self._say(f"claude exited with {rc}; resuming after {self.backoff_s:.0f}s")
                 time.sleep(self.backoff_s)
+            else:
+                self._say("Claude Code ended the session before the campaign's search was done "
+                          f"(missing: {'; '.join(state.missing_for_stop())}); resuming it")
         state, _ = load(self.dir)
         if agent_done(state):
             return 0

@@ -93,6 +93,7 @@ ROW_TYPES: dict[str, tuple[str, ...]] = {
     "check_run": ("run_id", "candidate_run_id", "passed"),
     "shipped": ("run_id", "recipe"),
     "remeasurement": ("run_id", "recipe_of", "tokens_per_s_per_gpu"),
+    "campaign_failed": ("reason",),
 }
 # Data fields that, where present and not null, are finite numbers >= 0 (a charge is never negative).
 NON_NEGATIVE = ("charge_gpu_hours", "expected_gpu_hours", "gpu_hours", "tokens_per_s_per_gpu")

@@ -48,6 +48,8 @@ class Headline:
     remeasured: bool = False
     stop_reason: str | None = None
     final_gpu_hours: float = 0.0  # the final re-measurement, outside the budget
+    outcome: str = "running"  # shipped | failed | running
+    failure: str | None = None  # why the campaign ended failed (no valid evidence)
 
 
 @dataclass
@@ -143,6 +145,8 @@ def build(campaign_dir: Path | str) -> Report:
     used = state.budget.charged
     h = Headline(
         name=state.name,
+        outcome="failed" if state.failed else ("shipped" if state.shipped else "running"),
+        failure=str(state.failed.get("reason")) if state.failed else None,
         gpus=state.gpus,
         baseline_tps=baseline_tps,
         shipped_tps=shipped_tps,
@@ -223,7 +227,9 @@ def _diagnosis(run: dict[str, Any]) -> str:
 
 def headline_lines(r: Report) -> list[tuple[str, str]]:
     h = r.headline
+    outcome = {"failed": f"FAILED: {h.failure}", "shipped": "shipped"}.get(h.outcome, "not finished yet")
     return [
+        ("outcome", outcome),
         ("baseline", f"{_f(h.baseline_tps)} tokens/s/GPU"),
         ("shipped", f"{_f(h.shipped_tps)} tokens/s/GPU ({h.shipped_run_id or 'nothing shipped yet'})"),
         ("gain", _pct(h.gain) + (" (final re-measurement)" if h.remeasured else "")),

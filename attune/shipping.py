@@ -28,6 +28,11 @@ broker that restarts (or a campaign resumed days later) carries on where it stop
    measurement is run again (at most `MAX_EXTRA_REPEATS` times). Each is a `remeasurement` row,
    charged outside the search budget (`charged_to: final`).
 
+6. **Failed**, never success on nothing: a campaign that stopped without a calibrated baseline, or
+   whose final re-measurement got no valid measurement of a recipe (every repeat failed or was
+   invalid), ends failed: a `campaign_failed` row with the reason, and `evidence.json` says
+   `"complete": false` with the reasons. `attune tune` exits non-zero on it.
+
 `advance(control)` takes one step and returns the admission of a run to submit (the broker submits
 it), or None. `record_final_run` is called by `Control.finish` when a check or re-measurement run
 ends, under the campaign lock.
@@ -64,7 +69,7 @@ SHIPPED_DIR = "shipped"
 class Action:
     """The next step: wait, launch a check or re-measurement run of a recipe, ship a recipe, or done."""
 
-    kind: str  # wait | not_due | check | remeasure | ship | done
+    kind: str  # wait | not_due | check | remeasure | ship | done | fail (record the failure) | failed
     of: str | None = None  # "baseline" or a run id
     reason: str = ""
 
@@ -177,12 +182,50 @@ def next_remeasure(state: CampaignState) -> str | None:
     return None
 
 
+def _calibration_problem(state: CampaignState) -> str:
+    cal_runs = [r for r in state.runs.values() if r.kind == "calibration"]
+    bad = [r for r in cal_runs if r.status == "finished" and not (r.outcome == "ok" and r.valid)]
+    why = ""
+    if bad:
+        last = bad[-1]
+        why = (f"; last failed or invalid run {last.run_id}: {last.outcome}"
+               + (f" ({last.reason})" if last.reason else "")
+               + (f", {'; '.join(last.invalid_reasons)}" if last.invalid_reasons else ""))
+    return (f"no valid calibration: {len(state.calibration_values)} of {state.calibration_runs_required} good baseline "
+            f"runs ({len(cal_runs)} launched, {len(bad)} failed or invalid){why}; without a measured baseline "
+            "nothing can be shipped or compared")
+
+
+def remeasure_problems(state: CampaignState) -> list[str]:
+    """Why the final re-measurement is not valid evidence: recipes without a valid repeat."""
+    problems = []
+    for recipe in sorted(set(remeasure_order(state))):
+        if remeasured(state).get(recipe):
+            continue
+        runs = [r for r in state.runs.values() if r.kind == "remeasure" and r.base_run_id == recipe]
+        outcomes = Counter(r.outcome or "?" for r in runs)
+        invalid = [r for r in runs if r.outcome == "ok" and not r.valid]
+        detail = ", ".join(f"{n} {o}" for o, n in sorted(outcomes.items())) or "no run admitted"
+        last = runs[-1] if runs else None
+        why = ""
+        if last is not None:
+            why = f"; last: {last.run_id} {last.outcome}" + (f" ({last.reason})" if last.reason else "")
+            if invalid:
+                why += f", invalid: {'; '.join(invalid[-1].invalid_reasons)}"
+        problems.append(f"no valid re-measurement of {recipe} ({len(runs)} run(s): {detail}){why}")
+    return problems
+
+
 def plan(state: CampaignState) -> Action:
     """The next shipping step, from the campaign's state alone."""
+    if state.failed is not None:
+        return Action("failed", reason=str(state.failed.get("reason")))
     if not is_due(state):
         return Action("not_due", reason="the campaign has not stopped")
     if state.in_flight:
         return Action("wait", reason="runs in flight: " + ", ".join(r.run_id for r in state.in_flight))
+    if state.calibration is None:
+        return Action("fail", reason=_calibration_problem(state))
     if state.shipped is None:
         cands = candidates(state)
         if not cands:
@@ -215,6 +258,9 @@ def plan(state: CampaignState) -> Action:
     nxt = next_remeasure(state)
     if nxt is not None:
         return Action("remeasure", nxt, "final re-measurement")
+    problems = remeasure_problems(state)
+    if problems:
+        return Action("fail", (state.shipped or {}).get("run_id"), "; ".join(problems))
     return Action("done", (state.shipped or {}).get("run_id"), "shipped and re-measured")
 
 
@@ -222,7 +268,7 @@ def status(state: CampaignState) -> dict[str, Any]:
     """Where shipping stands, for `attune tune`, the broker's campaign status and the demo."""
     a = plan(state)
     phase = {"not_due": "searching", "wait": "waiting", "check": "checking", "ship": "checking",
-             "remeasure": "remeasuring", "done": "done"}[a.kind]
+             "remeasure": "remeasuring", "done": "done", "fail": "failed", "failed": "failed"}[a.kind]
     if a.kind == "wait" and state.shipped is not None:
         phase = "remeasuring"
     elif a.kind == "wait" and not any(r.kind == "search" for r in state.in_flight):
@@ -230,7 +276,8 @@ def status(state: CampaignState) -> dict[str, Any]:
     elif a.kind == "wait":
         phase = "searching"
     return {
-        "phase": phase, "done": a.kind == "done", "next": a.kind, "of": a.of, "reason": a.reason,
+        "phase": phase, "done": a.kind == "done", "failed": a.kind in ("fail", "failed"),
+        "failure": a.reason if a.kind in ("fail", "failed") else None, "next": a.kind, "of": a.of, "reason": a.reason,
         "candidates": [c.run_id for c in candidates(state)] if is_due(state) else [],
         "checks": [{"candidate_run_id": c.get("candidate_run_id"), "passed": c.get("passed")} for c in state.checks],
         "shipped": (state.shipped or {}).get("run_id"),
@@ -239,7 +286,13 @@ def status(state: CampaignState) -> dict[str, Any]:
 
 
 def done(state: CampaignState) -> bool:
+    """Shipped and re-measured with valid measurements: the campaign succeeded."""
     return plan(state).kind == "done"
+
+
+def ended(state: CampaignState) -> bool:
+    """Nothing more runs: done, or failed (the failure is recorded, or about to be)."""
+    return plan(state).kind in ("done", "fail", "failed")
 
 
 # ------------------------------------------------------------------------------------- checks
@@ -353,6 +406,8 @@ def advance(control: Control, backend: Any = None) -> Admission | None:
     if action.kind == "ship":
         assert action.of is not None
         ship(control, action.of, action.reason, backend)
+    elif action.kind == "fail":
+        fail(control, action.reason, backend)
     elif action.kind == "done":
         path = control.dir / SHIPPED_DIR / "evidence.json"
         try:
@@ -386,6 +441,18 @@ def ship(control: Control, run_id: str, reason: str, backend: Any = None) -> Non
             "candidates": [c.run_id for c in candidates(state)],
             "reason": reason,
         })
+    write_shipped(control, control.state(), backend)
+
+
+def fail(control: Control, reason: str, backend: Any = None) -> None:
+    """End the campaign failed: a `campaign_failed` row with the reason (once), and the evidence says so."""
+    with campaign_lock(control.dir):
+        state = control.state()
+        if state.failed is not None:
+            return
+        phase = "calibration" if state.calibration is None else "remeasurement"
+        control.ledger.append("campaign_failed", {"reason": reason, "phase": phase,
+                                                  "shipped": (state.shipped or {}).get("run_id")})
     write_shipped(control, control.state(), backend)
 
 
@@ -471,8 +538,20 @@ def evidence(control: Control, state: CampaignState) -> dict[str, Any]:
         if row.type == "launch_admitted" and row.data.get("run_id") == run_id:
             admitted_gate = row.data.get("gate")
     ref = reference_run(state)
+    remeasure_done = next_remeasure(state) is None and not any(r.kind == "remeasure" for r in state.in_flight)
+    incomplete = []
+    if cal is None:
+        incomplete.append(_calibration_problem(state))
+    if not remeasure_done:
+        incomplete.append("the final re-measurement is still running")
+    else:
+        incomplete += remeasure_problems(state)
+    if state.failed is not None and str(state.failed.get("reason")) not in incomplete:
+        incomplete.append(str(state.failed.get("reason")))
     return {
         "campaign": state.name, "shipped": run_id, "reason": shipped.get("reason"),
+        "complete": not incomplete, "incomplete": incomplete,
+        "failed": state.failed.get("reason") if state.failed else None,
         "changes": shipped.get("changes"),
         "list_sha256": state.list_sha256,
         "calibration": {"runs": state.calibration_run_ids, "values": state.calibration_values,
@@ -488,7 +567,8 @@ def evidence(control: Control, state: CampaignState) -> dict[str, Any]:
             "valid_only": {"baseline": b_ok, run_id: s_ok},
             "baseline_tokens_per_s_per_gpu": base_v, "shipped_tokens_per_s_per_gpu": ship_v,
             "gain": gain(ship_v, base_v) if base_v and ship_v else None,
-            "complete": next_remeasure(state) is None and not any(r.kind == "remeasure" for r in state.in_flight),
+            # complete only with valid measurements of the calibrated baseline and of both recipes
+            "complete": not incomplete,
         },
     }
 

@@ -356,6 +356,23 @@ class Control(_Strict):
         return v
 
 
+class Environment(_Strict):
+    """The Python environment the jobs run with (the local backend; on Slurm the job's image is its environment).
+
+    The command's leading `python` / `python3` runs with this interpreter. Before a launch the
+    control plane checks that it can import `imports`, and refuses the launch (code `environment`,
+    with the fix) when it cannot: nothing is admitted or charged for a job that could not start."""
+
+    python: str | None = Field(None, min_length=1, description=(
+        "the interpreter (a path, relative to the campaign directory, or a name on PATH); default: attune's own "
+        "interpreter when it has `imports`, else the environment attune builds from `packages`"))
+    packages: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list, description=(
+        "pip requirements of the workload, pinned (e.g. torch==2.13.0): what attune installs when it builds the "
+        "environment (the broker's workload_environment tool, or attune tune)"))
+    imports: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")]] = Field(
+        default_factory=list, description="modules every job imports; checked before each launch")
+
+
 class CampaignSpec(_Strict):
     """A tuning campaign: one model, one cluster, a fixed GPU count, a budget."""
 
@@ -370,6 +387,8 @@ class CampaignSpec(_Strict):
     band: Band = Field(default_factory=Band)
     gate: Gate = Field(default_factory=Gate)
     control: Control = Field(default_factory=Control)
+    environment: Environment | None = Field(None, description=(
+        "the jobs' Python environment on the local backend; unset: attune's own interpreter, unchecked"))
     search_space: dict[str, list[ArgValue]] = Field(
         default_factory=dict, description="flag -> candidate values, for the built-in tuners"
     )

@@ -147,6 +147,7 @@ class CampaignState:
     checks: list[dict[str, Any]] = field(default_factory=list)
     shipped: dict[str, Any] | None = None
     remeasurements: list[dict[str, Any]] = field(default_factory=list)
+    failed: dict[str, Any] | None = None  # the campaign ended failed: no valid evidence (reason, phase)
     last_seq: int = -1
     last_hash: str = ledger_mod.GENESIS
 
@@ -185,6 +186,8 @@ class CampaignState:
         if self.name is None:
             return [{"code": "not_started", "items": [],
                      "message": "the campaign has not started (no campaign_started row in the ledger)"}]
+        if self.failed is not None:
+            return []  # over: it ended failed (the Stop hook says so), nothing more can be done in it
         out: list[dict[str, Any]] = []
         if not self.budget.spent and self.stop is None:
             rem = self.budget.search_remaining
@@ -358,6 +361,10 @@ class CampaignState:
     def _on_remeasurement(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
         self.remeasurements.append({"seq": row.seq, **d})
 
+    def _on_campaign_failed(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
+        if self.failed is None:
+            self.failed = {"seq": row.seq, "ts": row.ts, **d}
+
     def _run(self, run_id: str, row: ledger_mod.Row) -> RunState:
         try:
             return self.runs[run_id]
@@ -406,6 +413,7 @@ class CampaignState:
             "checks": list(self.checks),
             "shipped": self.shipped,
             "remeasurements": list(self.remeasurements),
+            "failed": self.failed,
             "missing_for_stop": self.missing_for_stop(),
         }
 

@@ -9,7 +9,9 @@ the PreToolUse target is a median within 1.5x of the floor's.
 A server's cold start is part of every session's start: the time from spawning the launcher
 (`mcp_servers/launch.py <server>`, as .mcp.json does) to the answer to `initialize`, and to the
 answer to `tools/list`, over stdio with raw JSON-RPC. With --provision it also times a first start
-on a fresh data directory (building the venv from the package index: needs network).
+on a fresh data directory (building the venv from the package index: needs network): the answers
+to `initialize` and `tools/list` (served from the recorded schemas while the venv builds) and the
+first successful tool call (which waits for the build), then the same on the warm start.
 
 usage: python benchmarks/bench_plugin.py [--repeat 30] [--rows 2000] [--python PATH] [--provision] [--hooks-only]
                                         [--json]
@@ -137,8 +139,9 @@ def _wait_id(proc: subprocess.Popen[bytes], want: int, timeout: float) -> dict[s
     raise TimeoutError
 
 
-def cold_start(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float = 600) -> tuple[float, float, int]:
-    """(seconds to the initialize answer, seconds to the tools/list answer, number of tools)."""
+def cold_start(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float = 600,
+               call: tuple[str, dict[str, Any]] | None = None) -> tuple[float, float, int, float | None]:
+    """(seconds to the initialize answer, to the tools/list answer, number of tools, to a successful `call`)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                             cwd=cwd)
@@ -150,7 +153,16 @@ def cold_start(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float = 
         _rpc(proc, {"jsonrpc": "2.0", "method": "notifications/initialized"})
         _rpc(proc, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
         tools = _wait_id(proc, 2, timeout)["result"]["tools"]
-        return t_init, time.perf_counter() - t0, len(tools)
+        t_tools = time.perf_counter() - t0
+        t_call = None
+        if call is not None:
+            _rpc(proc, {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                        "params": {"name": call[0], "arguments": call[1]}})
+            res = _wait_id(proc, 3, timeout)
+            if "error" in res or res.get("result", {}).get("isError"):
+                raise RuntimeError(f"the first tool call failed: {json.dumps(res)[:2000]}")
+            t_call = time.perf_counter() - t0
+        return t_init, t_tools, len(tools), t_call
     finally:
         proc.kill()
         proc.wait()
@@ -177,13 +189,14 @@ def bench_servers(python: str, camp: Path, repeat: int, provision: bool) -> list
         data = Path(tempfile.mkdtemp(prefix="attune-provision-"))
         env = {k: v for k, v in base_env.items() if k != "ATTUNE_PYTHON"}
         env["CLAUDE_PLUGIN_DATA"] = str(data)
-        server = next(s for s in SERVERS if (ROOT / "mcp_servers" / f"{s}_server.py").exists())
-        first = cold_start([python, str(ROOT / "mcp_servers" / "launch.py"), server], env, camp, timeout=1800)
-        warm = cold_start([python, str(ROOT / "mcp_servers" / "launch.py"), server], env, camp)
+        server, call = "gate", ("list_correctness_lists", {})
+        first = cold_start([python, str(ROOT / "mcp_servers" / "launch.py"), server], env, camp, timeout=1800,
+                           call=call)
+        warm = cold_start([python, str(ROOT / "mcp_servers" / "launch.py"), server], env, camp, call=call)
         out.append({"server": f"{server} (first start: provisioning into a fresh CLAUDE_PLUGIN_DATA)",
-                    "init_s": first[0], "tools_s": first[1], "tools": first[2]})
-        out.append({"server": f"{server} (provisioned venv, second start)", "init_s": warm[0], "tools_s": warm[1],
-                    "tools": warm[2]})
+                    "init_s": first[0], "tools_s": first[1], "tools": first[2], "first_call_s": first[3]})
+        out.append({"server": f"{server} (provisioned venv, warm start)", "init_s": warm[0], "tools_s": warm[1],
+                    "tools": warm[2], "first_call_s": warm[3]})
         shutil.rmtree(data, ignore_errors=True)
     return out
 
@@ -221,12 +234,14 @@ def main() -> int:
     if not servers:
         return 0
     print()
-    print(f"{'MCP server cold start (launcher -> server)':58} {'initialize s':>12} {'tools/list s':>12} {'tools':>6}")
+    print(f"{'MCP server cold start (launcher -> server)':58} {'initialize s':>12} {'tools/list s':>12} {'tools':>6}"
+          f" {'first call s':>12}")
     for s in servers:
         if s.get("missing"):
             print(f"{s['server']:58} {'(server module not present)':>32}")
             continue
-        print(f"{s['server']:58} {s['init_s']:12.2f} {s['tools_s']:12.2f} {s['tools']:6d}")
+        call = "" if s.get("first_call_s") is None else f" {s['first_call_s']:12.2f}"
+        print(f"{s['server']:58} {s['init_s']:12.2f} {s['tools_s']:12.2f} {s['tools']:6d}{call}")
     return 0
 
 

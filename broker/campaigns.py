@@ -162,7 +162,10 @@ class CampaignHandle:
         if decision is not None:
             out = self._submit(decision, decision.as_dict())
             return [f"shipping: {decision.kind} run {decision.run_id} submitted={out.get('submitted')}"]
-        after = self.control.state().shipped
+        now = self.control.state()
+        after = now.shipped
+        if state.failed is None and now.failed is not None:
+            return [f"shipping: the campaign failed ({now.failed.get('reason')})"]
         if before is None and after is not None:
             return [f"shipping: shipped {after.get('run_id')} ({after.get('reason')})"]
         return []

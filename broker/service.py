@@ -416,7 +416,7 @@ def campaign_summary(h: CampaignHandle) -> dict[str, Any]:
         "runs": len(s.runs), "stop": d["stop"], "shipped": d["shipped"], "last_diagnosis": d["last_diagnosis"],
         "missing_for_stop": d["missing_for_stop"], "stop_blockers": d["stop_blockers"],
         "search_rules": d["search_rules"], "rows": d["rows"], "shipping": shipping_status(s),
-        "remeasurements": d["remeasurements"], "checks": d["checks"],
+        "remeasurements": d["remeasurements"], "checks": d["checks"], "failed": d["failed"],
         "hang_timeout_s": h.spec.control.hang_timeout_s, "env_allowlist": h.spec.control.env_allowlist,
         "image_roots": h.image.describe() if h.image else [],
     }

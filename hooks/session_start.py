@@ -107,7 +107,9 @@ def summary(st, campaign, source):
     """The context text for a folded CampaignState."""
     if st.name is None:
         return (f"attune campaign directory {campaign} (campaign.yaml found), but the campaign has not started: "
-                "its ledger has no campaign_started row. Start it before launching runs.")
+                "its ledger has no campaign_started row. Start it first with the broker's start_campaign tool "
+                "(mcp__plugin_attune_broker__start_campaign): it validates campaign.yaml, freezes it and writes the "
+                "first ledger row; then follow the attune skill's Start section.")
     d = st.as_dict()
     b = d["budget"]
     cal = d["calibration"]
@@ -154,6 +156,8 @@ def summary(st, campaign, source):
         lines.append(f"A stop with evidence is recorded (leader {st.stop.get('leader')!r}).")
     if st.shipped:
         lines.append(f"Shipped: {st.shipped.get('run_id')}.")
+    if st.failed:
+        lines.append(f"The campaign ended FAILED: {st.failed.get('reason')}. Nothing more runs in it.")
     missing = st.missing_for_stop()
     lines.append("Open items before this session may end: " + ("; ".join(missing) if missing else "none") + ".")
     lines.append("Rules enforced by the plugin's hooks: shell commands are deny-by-default (read-only commands "
@@ -164,6 +168,28 @@ def summary(st, campaign, source):
     text = text if len(text) <= MAX_CHARS else text[: MAX_CHARS - 3] + "..."
     priors = _priors_text(campaign)
     return text + ("\n" + priors if priors else "")
+
+
+def plugin_environment():
+    """A line on the plugin's own Python environment: failed (with the fix) or being built; None when ready."""
+    try:
+        from mcp_servers import launch
+
+        if os.environ.get("ATTUNE_PYTHON"):
+            return None
+        failed = launch.recorded_failure()
+        if failed:
+            return ("attune's MCP servers cannot start: building their Python environment failed at "
+                    f"{failed.get('step')}: {failed.get('detail')}"
+                    + (f" (log {failed['log']})" if failed.get("log") else "") + f". Fix: {failed.get('fix')} "
+                    "Until then no attune tool works: tell the user this and end the session.")
+        venv = launch.target(launch.plugin_root())[3]
+        if not launch.is_ready(venv):
+            return ("attune's MCP servers are preparing their Python environment (first start, about a minute): "
+                    "their tools are listed already, and a call waits until it is ready.")
+    except Exception as exc:
+        return f"attune could not check its own Python environment: {type(exc).__name__}: {exc}"
+    return None
 
 
 def main():
@@ -184,6 +210,9 @@ def main():
         st, read = state.load(campaign)
         source = payload.get("source") or "start"
         text = summary(st, campaign, source)
+        env_line = plugin_environment()
+        if env_line:
+            text = env_line + "\n" + text
         if read.torn_tail:
             text += "\nNote: the ledger ends with a torn (incomplete) line, ignored."
         runtime.log_decision(campaign, {"event": EVENT, "session_id": payload.get("session_id"),

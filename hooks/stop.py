@@ -5,8 +5,15 @@ Inside a campaign directory it folds the ledger and blocks the stop while anythi
 `CampaignState.stop_blockers()` is open: the budget is not spent and no stop with evidence is
 recorded (with the codes and missing items of the last stop the search rules refused), runs are
 still in flight, or the shipping step has not run. The block's reason lists exactly what is
-missing, each item with its code; the hint is chosen by code, never by matching the prose. Outside a campaign it does nothing. Any error blocks too (fail closed);
-Claude Code itself ends a session after several consecutive blocks.
+missing, each item with its code; the hint is chosen by code, never by matching the prose. Outside
+a campaign it does nothing. Any error blocks too (fail closed); Claude Code itself ends a session
+after several consecutive blocks (`attune tune` raises that cap).
+
+A campaign that ended failed (no valid evidence: a `campaign_failed` ledger row), or a plugin whose
+Python environment could not be built (nothing can run), lets the session end, but as a failure: the
+hook says FAILED and why (`systemMessage`), and in a headless session (`claude -p`), where Claude
+Code offers a hook no other way to fail the run, it writes the reason to that process's stderr and
+ends it with SIGTERM, so the run exits non-zero instead of reporting success on nothing.
 """
 
 import os
@@ -31,7 +38,8 @@ RULE_HINTS = {  # the search rules' stop refusals (attune.search_rules), by code
 def _hint(codes):
     steps = []
     if "not_started" in codes:
-        steps.append("start the campaign (attune init, or the broker's start tool)")
+        steps.append("start the campaign with the broker's start_campaign tool (it validates campaign.yaml, "
+                     "freezes it and writes the first ledger row; a bad spec comes back field by field)")
     rules = [RULE_HINTS[c] for c in codes if c in RULE_HINTS]
     if "no_stop" in codes:
         if rules:
@@ -47,6 +55,51 @@ def _hint(codes):
         steps.append("wait for the shipping step, which the control plane runs after the stop (the gate checks the "
                      "best candidates, fastest first, and one ships; campaign_status shows its progress)")
     return "; ".join(steps)
+
+
+def _provisioning_failure():
+    """The plugin's own environment could not be built (recorded by mcp_servers/launch.py), or None."""
+    if os.environ.get("ATTUNE_PYTHON"):  # the servers run on that interpreter: no environment is built
+        return None
+    try:
+        from mcp_servers import launch
+
+        failed = launch.recorded_failure()
+    except Exception:
+        return None
+    if not failed:
+        return None
+    return ("attune's MCP servers could not start: building their Python environment failed at "
+            f"{failed.get('step')}: {failed.get('detail')}" + (f" (log {failed['log']})" if failed.get("log") else "")
+            + ". " + str(failed.get("fix") or ""))
+
+
+def _fail_headless_session(message):
+    """In `claude -p`, end the run non-zero with `message` on its stderr (Linux /proc); else nothing."""
+    import contextlib
+    import signal
+
+    pid = os.getpid()
+    for _ in range(8):
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+                pid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                argv = [a.decode(errors="replace") for a in fh.read().split(b"\0") if a]
+        except (OSError, ValueError, IndexError):
+            return
+        if pid <= 1:
+            return
+        names = [os.path.basename(a) for a in argv[:2]]
+        if any(n.startswith("claude") for n in names) and ("-p" in argv or "--print" in argv):
+            try:
+                with open(f"/proc/{pid}/fd/2", "w", encoding="utf-8") as err:
+                    err.write(message + "\n")
+            except OSError:
+                pass
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+            return
 
 
 def main():
@@ -71,6 +124,20 @@ def main():
         codes = [b["code"] for b in blockers]
         record = {"event": EVENT, "session_id": payload.get("session_id"),
                   "stop_hook_active": payload.get("stop_hook_active")}
+        failure = None
+        if st.failed is not None:
+            failure = f"the campaign {st.name!r} FAILED: {st.failed.get('reason')}"
+        elif st.name is None:
+            failure = _provisioning_failure()
+        if failure is not None:
+            runtime.log_decision(campaign, {**record, "decision": "allow", "outcome": "failed", "reason": failure})
+            out = {"systemMessage": f"attune: {failure}"}
+            import json
+
+            sys.stdout.write(json.dumps(out) + "\n")
+            sys.stdout.flush()
+            _fail_headless_session(f"attune: {failure}")
+            return 0
         if not missing:
             runtime.log_decision(campaign, {**record, "decision": "allow", "reason": "campaign complete"})
             return 0

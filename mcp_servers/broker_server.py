@@ -5,7 +5,7 @@ decides (admission, the gate's layer 1, identical-recipe rule, budget), runs, wa
 records. A refusal comes back as an ordinary result (`admitted: false`, a `code` and a `reason`
 that says what to change), never as a crash.
 
-Tools: launch_candidate, launch_calibration, run_status, list_runs, cancel_run, read_run_log,
+Tools: start_campaign, workload_environment, launch_candidate, launch_calibration, run_status, list_runs, cancel_run, read_run_log,
 search_run_log, list_image_dir, read_image_file, search_image, record_assumption, record_stop,
 campaign_status; and ttb_best_known_recipe (TrainingThroughputBench's best verified recipe for the
 campaign's model and accelerator, read locally: a prior, not a measurement).
@@ -65,8 +65,21 @@ def _campaign_dir() -> Path:
     return Path(os.environ.get("ATTUNE_CAMPAIGN_DIR") or os.getcwd()).resolve()
 
 
+def _started(d: Path) -> bool:
+    from attune.ledger import LedgerError
+    from attune.state import load
+
+    try:
+        return load(d)[0].name is not None
+    except (LedgerError, OSError):
+        return True  # let the broker say what is wrong with the ledger
+
+
 async def _client() -> httpx.AsyncClient:
     if _conn.client is None:
+        if not os.environ.get("ATTUNE_BROKER_URL") and not await anyio.to_thread.run_sync(_started, _campaign_dir()):
+            raise ToolError(f"the campaign in {_campaign_dir()} has not started: call start_campaign first (it "
+                            "validates campaign.yaml, freezes it and writes the first ledger row)")
         try:
             ep = await anyio.to_thread.run_sync(endpoint_for, _campaign_dir())
         except BrokerUnavailable as exc:
@@ -126,7 +139,8 @@ class LaunchResult(BaseModel):
     code: str | None = Field(None, description=(
         "refusal code: gate, identical, budget, concurrency, not_calibrated, calibration_full, pinned, "
         "stack_fix, profile_flag, env_not_allowlisted, code_locations, no_change, bad_request, bad_change, "
-        "stopped, shape, budget_unset, no_estimate"))
+        "stopped, shape, budget_unset, no_estimate, environment (the jobs' Python lacks the workload's modules: "
+        "see workload_environment)"))
     reason: str | None = Field(None, description="why it was refused, in words: what to change")
     expected_gpu_hours: float | None = None
     changes: dict[str, Any] | None = Field(None, description="the recipe's full difference from the baseline")
@@ -249,8 +263,10 @@ class Calibration(BaseModel):
 class Shipping(BaseModel):
     """The control plane's shipping step, which runs after the stop (not the agent's)."""
 
-    phase: str = Field(description="searching | waiting | checking | remeasuring | done")
-    done: bool = Field(description="shipped and re-measured: nothing more runs")
+    phase: str = Field(description="searching | waiting | checking | remeasuring | done | failed")
+    done: bool = Field(description="shipped and re-measured with valid measurements: nothing more runs")
+    failed: bool = Field(False, description="the campaign ended failed (no valid evidence): nothing more runs")
+    failure: str | None = Field(None, description="why it failed")
     shipped: str | None = Field(None, description="the shipped run id, or baseline")
     candidates: list[str] = Field(default_factory=list, description="runs to check, fastest first")
     checks: list[dict[str, Any]] = Field(default_factory=list, description="gate verdicts so far")
@@ -265,6 +281,7 @@ class StopBlocker(BaseModel):
 
 class CampaignStatus(BaseModel):
     name: str
+    failed: str | None = Field(None, description="why the campaign ended failed (no valid evidence); null otherwise")
     model: str
     backend: str
     gpus: int | None
@@ -288,6 +305,36 @@ class CampaignStatus(BaseModel):
     shipping: Shipping | None = None
 
 
+class Started(BaseModel):
+    """The campaign is started: its spec frozen and hashed, its first ledger row written."""
+
+    started: bool
+    already_started: bool = Field(description="true when the ledger already had its campaign_started row")
+    name: str
+    campaign_dir: str
+    spec_sha256: str
+    rows: int
+    environment: dict[str, Any] | None = Field(None, description=(
+        "the workload's Python environment (local backend): state ready | missing | building | failed, and the fix"))
+    next: str = Field(description="what to do next")
+
+
+class WorkloadEnvironment(BaseModel):
+    """The Python environment the campaign's jobs run with (local backend)."""
+
+    state: str = Field(description="ready | missing | building | failed | unchecked")
+    python: str | None = None
+    source: str | None = Field(None, description="spec (environment.python), attune (attune's own), built")
+    packages: list[str] = Field(default_factory=list)
+    imports: list[str] = Field(default_factory=list)
+    directory: str | None = Field(None, description="where attune builds it")
+    reason: str = ""
+    fix: str | None = None
+    log: str | None = None
+    progress: list[str] = Field(default_factory=list, description="the build's latest lines")
+    elapsed_s: float | None = None
+
+
 def _launch_result(payload: dict[str, Any]) -> LaunchResult:
     gate = payload.get("gate") or {}
     return LaunchResult(
@@ -300,6 +347,70 @@ def _launch_result(payload: dict[str, Any]) -> LaunchResult:
 
 
 # ----------------------------------------------------------------------------------- tools
+
+
+def _load_spec_or_fail() -> Any:
+    from attune.spec import SpecError, load_spec
+
+    d = _campaign_dir()
+    if not (d / "campaign.yaml").is_file():
+        raise ToolError(f"no campaign.yaml in {d}: open Claude Code in a campaign directory (one holding campaign.yaml)")
+    try:
+        return load_spec(d / "campaign.yaml")
+    except SpecError as exc:
+        raise ToolError(str(exc)) from None
+
+
+@server.tool()
+async def start_campaign() -> Started:
+    """Start the campaign of this directory, as `attune init` does: validate campaign.yaml, freeze and
+    hash it, write the ledger's first row. Call it once, first; calling it again is harmless (it says the
+    campaign already started). A spec with problems comes back as an error listing every problem with
+    its field path (fix campaign.yaml, then call it again). Also says whether the workload's Python
+    environment is ready (see workload_environment)."""
+    from attune import campaign as campaign_mod
+    from attune import workenv
+    from attune.ledger import LedgerError
+    from attune.spec import SpecError
+    from attune.state import load
+
+    d = _campaign_dir()
+    _load_spec_or_fail()
+    try:
+        before, _ = await anyio.to_thread.run_sync(load, d)
+        spec, state = await anyio.to_thread.run_sync(campaign_mod.start, d)
+    except SpecError as exc:
+        raise ToolError(str(exc)) from None
+    except (campaign_mod.CampaignError, LedgerError) as exc:
+        raise ToolError(f"the campaign cannot start: {exc}") from None
+    env = await anyio.to_thread.run_sync(workenv.status, spec, d)
+    if env.state in ("missing", "failed"):
+        nxt = f"the workload's environment is not ready ({env.reason}); {env.fix}"
+    elif env.state == "building":
+        nxt = "the workload's environment is building: follow it with workload_environment, then calibrate"
+    else:
+        nxt = "calibrate the baseline: launch_calibration until campaign_status shows the band"
+    return Started(started=True, already_started=before.name is not None, name=spec.name, campaign_dir=str(d),
+                   spec_sha256=str(state.spec_sha256), rows=state.last_seq + 1,
+                   environment=None if env.state == "unchecked" else env.as_dict(), next=nxt)
+
+
+@server.tool()
+async def workload_environment(
+    build: Annotated[bool, Field(description="start building it when it is missing (a few minutes, once)")] = False,
+) -> WorkloadEnvironment:
+    """The Python environment the campaign's jobs run with on the local backend, and whether it is ready.
+    A launch is refused (code environment) until it is. With build=true, attune builds the environment
+    the spec lists (environment.packages, e.g. PyTorch CPU) into its data directory in the background;
+    call again to follow its progress until state is ready."""
+    from attune import workenv
+
+    spec = _load_spec_or_fail()
+    d = _campaign_dir()
+    fn = workenv.start_build if build else workenv.status
+    st = await anyio.to_thread.run_sync(fn, spec, d)
+    return WorkloadEnvironment.model_validate(st.as_dict())
+
 
 
 @server.tool()
@@ -480,6 +591,7 @@ async def campaign_status() -> CampaignStatus:
         search_rules=p.get("search_rules") or "enforced",
         env_allowlist=p["env_allowlist"], image_roots=[r["name"] for r in p["image_roots"]],
         shipping=Shipping.model_validate(p["shipping"]) if p.get("shipping") else None,
+        failed=(p.get("failed") or {}).get("reason"),
     )
 
 

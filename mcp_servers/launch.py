@@ -9,16 +9,28 @@ plugin's persistent data directory:
 
 `uv` is used when it is on PATH (much faster), `python3 -m venv` + pip otherwise. A marker file
 (`.attune-ready`) is written last, so a half-built environment is never used; an exclusive lock
-serialises concurrent first starts (Claude Code starts the four servers at once), and the others
-wait for the first to finish. The build runs in a detached process, so it completes even when Claude
-Code gives up on a slow first start (MCP_TIMEOUT) and kills the launcher; the next start finds it. The plugin's own code is not installed: the server runs from the
-plugin directory (PYTHONPATH), so the environment only changes when the dependencies do.
+serialises concurrent first starts (Claude Code starts the four servers at once): one builds, the
+others find its result, and a failure is recorded (`<env>.failed.json`) so the other servers report
+that failure instead of building again (for FAILURE_TTL_S; `--provision` always retries). The build
+runs in a detached process, so it completes even if Claude Code kills the launcher. The plugin's own
+code is not installed: the server runs from the plugin directory (PYTHONPATH), so the environment
+only changes when the dependencies do.
+
+A warm start (the environment is ready) execs the server at once. On a first start the launcher
+does not make Claude Code wait: it speaks MCP itself while the environment builds, answering
+`initialize` and `tools/list` from the tool schemas recorded in `tool_schemas.json` (written by
+`--write-schemas` from the real servers; a test keeps it current). A tool call waits until the
+environment is ready; then the launcher starts the real server, replays the session's `initialize`
+to it and from then on relays every message both ways. If the build fails, every tool call answers
+with the failure (step, error, log, fix) as its error, which the agent sees; the SessionStart and
+Stop hooks read the same recorded failure.
 
 usage:
     python3 launch.py broker|metrics|traces|gate [server args...]
     python3 launch.py --module pkg.mod [args...]   run another module (development, tests)
     python3 launch.py --provision                  build the environment and exit (prints its path)
     python3 launch.py --where                      print the environment it would use and exit
+    python3 launch.py --write-schemas              record the servers' initialize answers and tools (needs the deps)
 
 Environment:
     CLAUDE_PLUGIN_DATA   where environments live (else $XDG_CACHE_HOME/attune or ~/.cache/attune)
@@ -47,6 +59,12 @@ SERVERS = {name: f"mcp_servers.{name}_server" for name in ("broker", "metrics", 
 MARKER = ".attune-ready"
 MIN_PYTHON = (3, 11)
 LOCK_WAIT_S = 1200
+FAILURE_TTL_S = 120.0  # a build that failed this recently is reported, not repeated, by the other servers
+SCHEMAS = Path(__file__).resolve().parent / "tool_schemas.json"
+FIX = ("python3 (3.11+) with the venv module is needed (Debian/Ubuntu: apt install python3-venv), and the "
+       "package index must be reachable (PIP_INDEX_URL / UV_INDEX_URL for a mirror); or set ATTUNE_PYTHON to an "
+       "interpreter that already has attune's dependencies. Then start a new session (or run: python3 "
+       "<plugin>/mcp_servers/launch.py --provision).")
 
 
 class ProvisionError(Exception):
@@ -125,6 +143,40 @@ def is_ready(venv: Path) -> bool:
     return (venv / MARKER).is_file() and os.access(py, os.X_OK)
 
 
+def failure_path(venv: Path) -> Path:
+    return venv.parent / f"{venv.name}.failed.json"
+
+
+def record_failure(venv: Path, exc: ProvisionError) -> None:
+    data = {"step": exc.step, "detail": exc.detail, "log": str(exc.log) if exc.log else None, "fix": FIX,
+            "at": time.time(), "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    try:
+        tmp = failure_path(venv).with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        os.replace(tmp, failure_path(venv))
+    except OSError:
+        pass
+
+
+def recorded_failure(root: Path | None = None, max_age_s: float | None = None) -> dict | None:
+    """The last failed build of this plugin's environment (step, detail, log, fix, at), while it is not ready."""
+    try:
+        venv = target(root or plugin_root())[3]
+    except ProvisionError as exc:
+        return {"step": exc.step, "detail": exc.detail, "log": None, "fix": FIX, "at": time.time()}
+    if is_ready(venv):
+        return None
+    try:
+        data = json.loads(failure_path(venv).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    if max_age_s is not None and time.time() - float(data.get("at") or 0) > max_age_s:
+        return None
+    return data
+
+
 def _run(cmd: list[str], log: Path, step: str, deadline: float) -> None:
     with open(log, "ab") as fh:
         fh.write(f"\n$ {' '.join(cmd)}\n".encode())
@@ -167,8 +219,10 @@ def target(root: Path) -> tuple[str, list[str], str, Path]:
     return version, deps, tag, data_dir() / env_name(version, deps, tag)
 
 
-def provision(root: Path | None = None) -> Path:
-    """The ready environment's directory, building it here (under the lock) if needed."""
+def provision(root: Path | None = None, retry: bool = True) -> Path:
+    """The ready environment's directory, building it here (under the lock) if needed.
+
+    With `retry=False`, a build that failed within FAILURE_TTL_S is reported instead of repeated."""
     root = root or plugin_root()
     version, deps, tag, venv = target(root)
     if is_ready(venv):
@@ -195,12 +249,21 @@ def provision(root: Path | None = None) -> Path:
                 waited += 0.2
         if is_ready(venv):  # the start that held the lock built it
             return venv
+        recent = None if retry else recorded_failure(root, FAILURE_TTL_S)
+        if recent is not None:
+            raise ProvisionError(str(recent.get("step")), str(recent.get("detail")),
+                                 Path(recent["log"]) if recent.get("log") else None)
         say(f"first start of attune {version}: installing its Python dependencies into {venv} "
             f"({'uv' if shutil.which('uv') and not os.environ.get('ATTUNE_NO_UV') else 'pip'}; log {log})")
         t0 = time.monotonic()
         with open(log, "ab") as fh:
             fh.write(f"\n== provisioning attune {version} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
-        build(venv, deps, log)
+        try:
+            build(venv, deps, log)
+        except ProvisionError as exc:
+            record_failure(venv, exc)
+            raise
+        failure_path(venv).unlink(missing_ok=True)
         marker = {"version": version, "dependencies": deps, "python": tag,
                   "seconds": round(time.monotonic() - t0, 1), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
         tmp = venv / (MARKER + ".tmp")
@@ -210,16 +273,12 @@ def provision(root: Path | None = None) -> Path:
     return venv
 
 
-def provision_detached(root: Path) -> Path:
-    """Provision in a detached builder process and wait for it.
+def start_builder(root: Path) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    """Start the detached builder process: (process, its status file, the environment it builds).
 
-    Claude Code gives a server a limited time to connect (MCP_TIMEOUT) and kills it after that. A
-    first start may need longer (a minute with pip), so the build runs in its own session and
-    finishes even if this launcher is killed: the next start (or /mcp reconnect) finds it ready.
-    """
+    Claude Code may kill a launcher (a slow first start, the session ending); the build runs in its
+    own session and finishes anyway: the next start finds it ready."""
     _, _, _, venv = target(root)
-    if is_ready(venv):
-        return venv
     data = venv.parent
     try:
         data.mkdir(parents=True, exist_ok=True)
@@ -231,6 +290,11 @@ def provision_detached(root: Path) -> Path:
         builder = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--provision-worker", str(status)],
                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                                    start_new_session=True, env=dict(os.environ, CLAUDE_PLUGIN_ROOT=str(root)))
+    return builder, status, venv
+
+
+def wait_builder(builder: subprocess.Popen[bytes], status: Path, venv: Path) -> Path:
+    """The environment once the builder is done, or the ProvisionError it reported."""
     code = builder.wait()
     try:
         result = json.loads(status.read_text())
@@ -240,12 +304,20 @@ def provision_detached(root: Path) -> Path:
     if code == 0 and is_ready(venv):
         return venv
     raise ProvisionError(result.get("step", "provisioning"), result.get("detail", f"the builder exited with {code}"),
-                         Path(result["log"]) if result.get("log") else data / f"{venv.name}.log")
+                         Path(result["log"]) if result.get("log") else venv.parent / f"{venv.name}.log")
+
+
+def provision_detached(root: Path) -> Path:
+    """Provision in a detached builder process and wait for it."""
+    venv = target(root)[3]
+    if is_ready(venv):
+        return venv
+    return wait_builder(*start_builder(root))
 
 
 def _provision_worker(status: Path) -> int:
     try:
-        venv = provision(plugin_root())
+        venv = provision(plugin_root(), retry=False)
         status.write_text(json.dumps({"ok": True, "venv": str(venv)}))
         return 0
     except ProvisionError as exc:
@@ -267,12 +339,7 @@ def failure_message(server: str, exc: ProvisionError) -> str:
             lines += ["  last lines of the log:"] + [f"    {t}" for t in tail]
         except OSError:
             pass
-    lines += [
-        "  fix:   python3 (3.11+) with the venv module is needed (Debian/Ubuntu: apt install python3-venv),",
-        "         and the package index must be reachable (PIP_INDEX_URL / UV_INDEX_URL for a mirror);",
-        "         or set ATTUNE_PYTHON to an interpreter that already has attune's dependencies.",
-        "         Then start a new session (or run: python3 <plugin>/mcp_servers/launch.py --provision).",
-    ]
+    lines.append(f"  fix:   {FIX}")
     return "\n".join(lines)
 
 
@@ -345,13 +412,248 @@ def campaign_env(module: str) -> dict[str, str]:
     return env
 
 
-def exec_server(python: str, module: str, args: list[str], root: Path) -> None:
+def server_env(module: str, root: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update(campaign_env(module))
     env["PYTHONPATH"] = str(root)
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("ATTUNE_PLUGIN_ROOT", str(root))
-    os.execve(python, [python, "-m", module, *args], env)
+    return env
+
+
+def exec_server(python: str, module: str, args: list[str], root: Path) -> None:
+    os.execve(python, [python, "-m", module, *args], server_env(module, root))
+
+# ----------------------------------------------------------------------------------- first start
+
+
+def load_schemas(name: str) -> dict | None:
+    """The recorded `initialize` result and tools of server `name` (None: not recorded)."""
+    try:
+        data = json.loads(SCHEMAS.read_text())
+    except (OSError, ValueError):
+        return None
+    entry = data.get("servers", {}).get(name) if isinstance(data, dict) else None
+    return entry if isinstance(entry, dict) and "initialize" in entry and "tools" in entry else None
+
+
+class FirstStartProxy:
+    """MCP over stdio while the environment builds, then a relay to the real server.
+
+    Answers initialize, ping and the list methods from the recorded schemas at once; holds every other
+    request until the build is done; then starts the server, replays `initialize` to it (its answer is
+    not forwarded: the client has one), sends the held requests and relays both ways. On a failed
+    build each held or later tool call is answered with the failure as a tool error."""
+
+    INIT_ID = "attune-launch-initialize"
+
+    def __init__(self, name: str, module: str, args: list[str], root: Path, schemas: dict) -> None:
+        import threading
+
+        self.name, self.module, self.args, self.root, self.schemas = name, module, args, root, schemas
+        self.lock = threading.Lock()
+        self.out_lock = threading.Lock()
+        self.init_params: dict | None = None
+        self.initialized = False
+        self.pending: list[dict] = []
+        self.child: subprocess.Popen[bytes] | None = None
+        self.failure: str | None = None
+        self.waiter: threading.Thread | None = None
+
+    # --- output ------------------------------------------------------------------------------
+    def send(self, obj: dict) -> None:
+        data = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
+        with self.out_lock:
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+
+    def reply(self, msg: dict, result: dict) -> None:
+        self.send({"jsonrpc": "2.0", "id": msg["id"], "result": result})
+
+    def error(self, msg: dict, code: int, text: str) -> None:
+        self.send({"jsonrpc": "2.0", "id": msg["id"], "error": {"code": code, "message": text}})
+
+    def tool_failure(self, msg: dict) -> None:
+        if msg.get("method") == "tools/call":
+            self.reply(msg, {"content": [{"type": "text", "text": self.failure or "attune is not available"}],
+                             "isError": True})
+        elif "id" in msg:
+            self.error(msg, -32603, self.failure or "attune is not available")
+
+    # --- before the server runs -------------------------------------------------------------------
+    def handle_local(self, msg: dict) -> bool:
+        """Answer `msg` here if it can be; False: it waits for the real server."""
+        method = msg.get("method")
+        if "id" not in msg:  # a notification
+            if method == "notifications/initialized":
+                self.initialized = True
+            elif method == "notifications/cancelled":
+                rid = (msg.get("params") or {}).get("requestId")
+                self.pending = [m for m in self.pending if m.get("id") != rid]
+            return True
+        if method == "initialize":
+            self.init_params = dict(msg.get("params") or {})
+            result = json.loads(json.dumps(self.schemas["initialize"]))
+            asked = self.init_params.get("protocolVersion")
+            if isinstance(asked, str) and asked in self.schemas.get("protocol_versions", [asked]):
+                result["protocolVersion"] = asked
+            self.reply(msg, result)
+            return True
+        if method == "ping":
+            self.reply(msg, {})
+            return True
+        if method == "tools/list":
+            self.reply(msg, {"tools": self.schemas["tools"]})
+            return True
+        for lister, key in (("resources/list", "resources"), ("resources/templates/list", "resourceTemplates"),
+                            ("prompts/list", "prompts")):
+            if method == lister:
+                self.reply(msg, {key: []})
+                return True
+        return False
+
+    def start_waiter(self) -> None:
+        import threading
+
+        if self.waiter is None:
+            self.waiter = threading.Thread(target=self._wait_then_start, name="attune-launch", daemon=True)
+            self.waiter.start()
+
+    def _wait_then_start(self) -> None:
+        try:
+            venv = wait_builder(*self.builder)
+            self._start_child(venv)
+        except ProvisionError as exc:
+            say(failure_message(self.name, exc))
+            with self.lock:
+                self.failure = failure_message(self.name, exc)
+                held, self.pending = self.pending, []
+            for m in held:
+                self.tool_failure(m)
+        except Exception as exc:  # the server did not come up: say so to every held call
+            msg = f"attune's MCP server {self.name!r} could not start: {type(exc).__name__}: {exc}"
+            say(msg)
+            with self.lock:
+                self.failure = msg
+                held, self.pending = self.pending, []
+            for m in held:
+                self.tool_failure(m)
+
+    def _start_child(self, venv: Path) -> None:
+        import threading
+
+        env = server_env(self.module, self.root)
+        py = str(venv_python(venv))
+        child = subprocess.Popen([py, "-m", self.module, *self.args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 env=env)
+        assert child.stdin is not None and child.stdout is not None
+        init = {"jsonrpc": "2.0", "id": self.INIT_ID, "method": "initialize",
+                "params": self.init_params or {"protocolVersion": self.schemas["initialize"].get("protocolVersion"),
+                                               "capabilities": {}, "clientInfo": {"name": "attune-launch", "version": "1"}}}
+        child.stdin.write((json.dumps(init) + "\n").encode())
+        child.stdin.flush()
+        while True:
+            line = child.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the server exited during initialize (status {child.wait()})")
+            try:
+                got = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(got, dict) and got.get("id") == self.INIT_ID:
+                if "error" in got:
+                    raise RuntimeError(f"initialize failed: {got['error']}")
+                break
+        child.stdin.write((json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}) + "\n").encode())
+        child.stdin.flush()
+        threading.Thread(target=self._pump, args=(child,), name="attune-relay", daemon=True).start()
+        with self.lock:
+            for m in self.pending:
+                child.stdin.write((json.dumps(m) + "\n").encode())
+            child.stdin.flush()
+            self.pending = []
+            self.child = child
+        say(f"server {self.name!r} ready; relaying")
+
+    def _pump(self, child: subprocess.Popen[bytes]) -> None:
+        assert child.stdout is not None
+        for line in child.stdout:
+            with self.out_lock:
+                sys.stdout.buffer.write(line)
+                sys.stdout.buffer.flush()
+        os._exit(child.wait() or 0)  # the server ended: so does the session's connection
+
+    # --- the loop --------------------------------------------------------------------------------
+    def serve(self) -> int:
+        self.builder = start_builder(self.root)
+        self.start_waiter()
+        for raw in sys.stdin.buffer:
+            try:
+                msg = json.loads(raw)
+            except ValueError:
+                continue
+            if not isinstance(msg, dict):
+                continue
+            with self.lock:
+                child = self.child
+                if child is None and self.failure is None:
+                    if not self.handle_local(msg):
+                        self.pending.append(msg)
+                    continue
+            if child is not None:
+                assert child.stdin is not None
+                try:
+                    child.stdin.write(raw if raw.endswith(b"\n") else raw + b"\n")
+                    child.stdin.flush()
+                except OSError:
+                    return 1
+            elif not self.handle_local(msg):
+                self.tool_failure(msg)
+        with self.lock:
+            child = self.child
+        if child is not None and child.stdin is not None:
+            try:
+                child.stdin.close()
+                child.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                child.kill()
+        return 0
+
+
+def write_schemas(root: Path) -> dict:
+    """Ask each real server (on this interpreter, which must have the deps) for its initialize answer and tools."""
+    out: dict = {"note": "written by mcp_servers/launch.py --write-schemas; served on a first start", "servers": {}}
+    versions: list[str] = []
+    for name, module in SERVERS.items():
+        env = server_env(module, root)
+        p = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, env=env, cwd=str(root))
+        assert p.stdin is not None and p.stdout is not None
+        reqs = [{"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                 "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                            "clientInfo": {"name": "attune-schemas", "version": "1"}}},
+                {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}]
+        for r in reqs:
+            p.stdin.write((json.dumps(r) + "\n").encode())
+        p.stdin.flush()
+        got: dict = {}
+        while len(got) < 2:
+            line = p.stdout.readline()
+            if not line:
+                raise RuntimeError(f"server {name} exited before answering")
+            msg = json.loads(line)
+            if msg.get("id") in (1, 2):
+                got[msg["id"]] = msg["result"]
+        p.stdin.close()
+        p.wait(timeout=30)
+        init = got[1]
+        init.pop("protocolVersion", None)
+        out["servers"][name] = {"initialize": {"protocolVersion": "2025-06-18", **init}, "tools": got[2]["tools"]}
+        versions.append(name)
+    for entry in out["servers"].values():
+        entry["protocol_versions"] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -362,6 +664,11 @@ def main(argv: list[str] | None = None) -> int:
     root = plugin_root()
     if argv[0] == "--provision-worker" and len(argv) == 2:
         return _provision_worker(Path(argv[1]))
+    if argv[0] == "--write-schemas":
+        data = write_schemas(root)
+        SCHEMAS.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        print(SCHEMAS)
+        return 0
     if argv[0] in ("--provision", "--where"):
         try:
             if argv[0] == "--where":
@@ -391,12 +698,25 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         exec_server(python, module, rest, root)
     try:
-        venv = provision_detached(root)
+        venv = target(root)[3]
     except ProvisionError as exc:
         say(failure_message(name, exc))
         return 1
-    exec_server(str(venv_python(venv)), module, rest, root)
-    return 0  # not reached
+    if is_ready(venv):  # a warm start: the server itself, at once
+        exec_server(str(venv_python(venv)), module, rest, root)
+    schemas = load_schemas(name)
+    if schemas is None:  # no recorded schemas (a --module run): build first, then start
+        try:
+            venv = provision_detached(root)
+        except ProvisionError as exc:
+            say(failure_message(name, exc))
+            return 1
+        exec_server(str(venv_python(venv)), module, rest, root)
+    try:
+        return FirstStartProxy(name, module, rest, root, schemas).serve()
+    except ProvisionError as exc:
+        say(failure_message(name, exc))
+        return 1
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ how busy the machine is.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -43,6 +44,10 @@ def main() -> int:
     p.add_argument("--run-dir", default=None)
     p.add_argument("--profile", action="store_true")
     a = p.parse_args()
+    broken = os.environ.get("FAKE_FAIL_FILE")
+    if broken and os.path.exists(broken):  # the machine broke after calibration: every run crashes at once
+        print(f"fake trainer: {broken} exists; crashing", flush=True)
+        sys.exit(3)
 
     args = {
         "global_batch_size": a.global_batch_size, "seq_length": a.seq_length, "train_iters": a.train_iters,

@@ -27,7 +27,7 @@ from tests.test_launch import CALIBRATED_BUDGET, calibrate
 TOOLS = {
     "launch_candidate", "launch_calibration", "run_status", "list_runs", "cancel_run", "read_run_log",
     "search_run_log", "list_image_dir", "read_image_file", "search_image", "record_assumption", "record_stop",
-    "campaign_status", "ttb_best_known_recipe", "record_diagnosis",
+    "campaign_status", "ttb_best_known_recipe", "record_diagnosis", "start_campaign", "workload_environment",
 }
 
 

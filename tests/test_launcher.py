@@ -161,3 +161,116 @@ def test_build_survives_a_killed_launcher(tmp_path: Path) -> None:
     p = _start(root, env)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 0 and json.loads(out)["value"] == 42, err
+
+
+FAKE_MCP = '''
+import json, sys
+import tinydep
+for line in sys.stdin:
+    msg = json.loads(line)
+    if "id" not in msg:
+        continue
+    m = msg["method"]
+    if m == "initialize":
+        res = {"protocolVersion": msg["params"]["protocolVersion"], "capabilities": {"tools": {}},
+               "serverInfo": {"name": "real", "version": "1"}}
+    elif m == "tools/list":
+        res = {"tools": [{"name": "hello", "inputSchema": {"type": "object"}, "description": "real"}]}
+    elif m == "tools/call":
+        res = {"content": [{"type": "text", "text": json.dumps({"value": tinydep.VALUE, "python": sys.executable,
+                                                                 "args": msg["params"].get("arguments")})}]}
+    else:
+        res = {}
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": res}) + "\\n")
+    sys.stdout.flush()
+'''
+
+SCHEMAS = {"servers": {"broker": {
+    "initialize": {"protocolVersion": "2025-06-18", "capabilities": {"tools": {"listChanged": False}},
+                   "serverInfo": {"name": "attune-broker", "version": "1"}, "instructions": "recorded"},
+    "tools": [{"name": "hello", "description": "recorded", "inputSchema": {"type": "object"}}],
+    "protocol_versions": ["2025-06-18"]}}}
+
+
+def _mcp_plugin(tmp: Path, dep: str) -> Path:
+    root = _plugin(tmp, dep)
+    (root / "mcp_servers" / "__init__.py").write_text("")
+    (root / "mcp_servers" / "broker_server.py").write_text(FAKE_MCP)
+    (root / "mcp_servers" / "tool_schemas.json").write_text(json.dumps(SCHEMAS))
+    return root
+
+
+def _rpc(p: subprocess.Popen[str], msg: dict) -> None:
+    assert p.stdin is not None
+    p.stdin.write(json.dumps({"jsonrpc": "2.0", **msg}) + "\n")
+    p.stdin.flush()
+
+
+def _answer(p: subprocess.Popen[str]) -> dict:
+    assert p.stdout is not None
+    return json.loads(p.stdout.readline())
+
+
+def _first_start(root: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, str(root / "mcp_servers" / "launch.py"), "broker"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=root.parent)
+
+
+def test_a_first_start_lists_the_tools_at_once_and_serves_calls_when_ready(tmp_path: Path) -> None:
+    wheel = _wheel(tmp_path)
+    root = _mcp_plugin(tmp_path, f"tinydep @ {wheel.as_uri()}")
+    data = tmp_path / "data"
+    p = _first_start(root, _env(data))
+    try:
+        _rpc(p, {"id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                                                             "clientInfo": {"name": "t", "version": "1"}}})
+        init = _answer(p)
+        _rpc(p, {"method": "notifications/initialized"})
+        _rpc(p, {"id": 2, "method": "tools/list"})
+        listed = _answer(p)
+        # answered from the recorded schemas while the environment is still being built
+        assert not any(data.glob("venv-*/.attune-ready")), "the build finished first: nothing shown"
+        assert init["id"] == 1 and init["result"]["serverInfo"]["name"] == "attune-broker"
+        assert listed["result"]["tools"][0]["description"] == "recorded"
+        _rpc(p, {"id": 3, "method": "tools/call", "params": {"name": "hello", "arguments": {"x": 1}}})
+        _rpc(p, {"id": 4, "method": "ping"})
+        got = [_answer(p), _answer(p)]
+        by_id = {m["id"]: m for m in got}
+        assert by_id[4]["result"] == {}
+        call = json.loads(by_id[3]["result"]["content"][0]["text"])
+        assert call["value"] == 42 and str(data) in call["python"] and call["args"] == {"x": 1}
+        # from now on the real server answers
+        _rpc(p, {"id": 5, "method": "tools/list"})
+        assert _answer(p)["result"]["tools"][0]["description"] == "real"
+    finally:
+        assert p.stdin is not None
+        p.stdin.close()
+        p.wait(timeout=30)
+    assert p.returncode == 0, p.stderr.read() if p.stderr else ""
+
+
+def test_a_failed_first_start_answers_calls_with_the_failure_and_builds_once(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere" / "tinydep-1.0-py3-none-any.whl"
+    root = _mcp_plugin(tmp_path, f"tinydep @ {missing.as_uri()}")
+    data = tmp_path / "data"
+    procs = [_first_start(root, _env(data)) for _ in range(3)]  # as Claude Code starts its servers: at once
+    texts = []
+    for p in procs:
+        _rpc(p, {"id": 1, "method": "tools/list"})
+        assert _answer(p)["result"]["tools"]
+        _rpc(p, {"id": 2, "method": "tools/call", "params": {"name": "hello", "arguments": {}}})
+        res = _answer(p)["result"]
+        assert res["isError"] is True
+        texts.append(res["content"][0]["text"])
+        assert p.stdin is not None
+        p.stdin.close()
+        p.wait(timeout=60)
+    for t in texts:
+        assert "provisioning its Python environment failed" in t and "step:  pip install" in t
+        assert "fix:" in t and "package index must be reachable" in t
+    [log] = data.glob("venv-*.log")
+    assert log.read_text().count("== provisioning") == 1  # one build, its failure reported by all
+    [failed] = data.glob("venv-*.failed.json")
+    rec = json.loads(failed.read_text())
+    assert rec["step"] == "pip install" and "ATTUNE_PYTHON" in rec["fix"]

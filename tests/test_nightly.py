@@ -48,3 +48,15 @@ def test_nightly_resumes_the_unfinished_campaign_then_starts_a_new_one(tmp_path:
         held = _run(tmp_path)
     assert held.returncode == 0 and "holds" in held.stderr
     assert len((tmp_path / "calls").read_text().splitlines()) == 2
+
+
+def test_a_failed_campaign_makes_the_night_fail_with_the_reason(tmp_path: Path) -> None:
+    stub = STUB.replace("echo '{\"shipped\": \"baseline\"}'",
+                        "echo '{\"outcome\": \"failed\", \"failed\": \"no valid calibration\"}'\nexit 1")
+    (tmp_path / "attune").write_text(stub)
+    (tmp_path / "attune").chmod(0o755)
+    (tmp_path / "campaign.yaml").write_text("name: x\n")
+    res = _run(tmp_path)
+    assert res.returncode == 1, res.stderr
+    assert "FAILED (attune tune exit 1)" in res.stderr and "no valid calibration" in res.stderr
+    assert "done:" not in res.stderr

@@ -59,6 +59,8 @@ def render(s: dict[str, Any]) -> None:
         con.print(f"stop recorded: {s['stop'].get('diagnosis')}")
     if s["shipped"]:
         con.print(f"shipped: {s['shipped'].get('run_id')}")
+    if s.get("failed"):
+        con.print(f"[bold red]FAILED:[/] {s['failed'].get('reason')}")
     for m in s["missing_for_stop"]:
         con.print(f"[yellow]open:[/] {m}")
 

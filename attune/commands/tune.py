@@ -2,7 +2,9 @@
 
 Starts (or resumes) the campaign in the directory holding campaign.yaml: calibration, the search
 (a built-in tuner, or headless Claude Code with the plugin), the stop, shipping, the report. Rerun
-the same command after any interruption: it carries on from the ledger.
+the same command after any interruption: it carries on from the ledger. Exit 0 only when a recipe
+shipped with valid measurements; 1 when the campaign ended failed (no valid calibration, every
+re-measurement of a recipe failed) or could not finish, with the reason on stderr; 2 bad input.
 """
 
 from __future__ import annotations
@@ -80,4 +82,7 @@ def run(args: argparse.Namespace) -> int:
         for k, v in report.headline_lines(report.build(d)):
             print(f"{k:>24}: {v}")
         print(f"report: {result.report_html}")
+    if result.failed:
+        print(f"attune tune: the campaign FAILED: {result.failed}", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_OK

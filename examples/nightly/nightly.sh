@@ -7,6 +7,7 @@
 # Each night gets its own campaign directory (a campaign's spec is frozen once it starts).
 # An unfinished campaign (no shipped recipe and re-measurement yet) is resumed first: the same
 # `attune tune` command carries on from its ledger. A lock keeps two nights from overlapping.
+# A night whose campaign ends failed exits non-zero with the reason on stderr.
 set -eu
 ATTUNE="${ATTUNE:-attune}"
 TUNER="${TUNER:-claude}"
@@ -32,5 +33,13 @@ if [ -z "$target" ]; then
     [ -f "$target/campaign.yaml" ] || cp "$TEMPLATE" "$target/campaign.yaml"
 fi
 echo "attune nightly: $(date -Is) tuning $target with $TUNER" >&2
-"$ATTUNE" tune "$target/campaign.yaml" --tuner "$TUNER" --json > "$target/tune.json"
+rc=0
+"$ATTUNE" tune "$target/campaign.yaml" --tuner "$TUNER" --json > "$target/tune.json" || rc=$?
+if [ "$rc" -ne 0 ]; then
+    # A failed campaign (no valid calibration, every re-measurement failed) is final: report it and
+    # exit non-zero so the scheduler marks the night failed. Its report.html says why.
+    echo "attune nightly: $(date -Is) FAILED (attune tune exit $rc): $target" >&2
+    echo "attune nightly: $(head -c 600 "$target/tune.json" 2>/dev/null)" >&2
+    exit "$rc"
+fi
 echo "attune nightly: $(date -Is) done: $(cat "$target/tune.json" | head -c 400)" >&2

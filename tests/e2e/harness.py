@@ -8,7 +8,8 @@ in a temporary directory, the API pointed at the scripted model, and the MCP ser
 start (MCP_CONNECTION_NONBLOCKING=false), and returns its events.
 
 The servers run on this interpreter (ATTUNE_PYTHON), which has attune's dependencies: provisioning
-a venv from the package index is covered by tests/test_launcher.py and timed by
+a venv from the package index is covered by tests/test_launcher.py, by the installed-plugin sessions
+of tests/e2e/test_e2e_plugin.py (a fresh HOME, no variables), and timed by
 benchmarks/bench_plugin.py --provision, not repeated in every session.
 """
 

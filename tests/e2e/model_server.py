@@ -85,6 +85,10 @@ class ScriptedModel:
         with self.lock:
             if "Bash" not in tools:
                 self.side_requests += 1
+                if "stop-condition hook" in json.dumps(body.get("system", "")):
+                    # /goal's judge: the scripted agent ends its turns only when it is done (the plugin's
+                    # Stop hook is the deterministic check); answer in the judge's JSON form.
+                    return [text('{"ok": true, "reason": "the scripted agent ends its turn only when done"}')]
                 return [text("attune campaign")]
             self.requests.append(body)
             self.current = body
