@@ -322,7 +322,7 @@ class CampaignRunner:
         while True:
             self._progress()
             st = self.state()
-            if st.calibration is not None:
+            if st.calibration is not None or st.failed is not None:
                 return
             done = [r for r in st.runs.values() if r.kind == "calibration" and r.status == "finished"]
             failed = [r for r in done if r.outcome != "ok"]
@@ -356,7 +356,7 @@ class CampaignRunner:
         from broker.tuner_plane import BrokerControlPlane
 
         st = self.state()
-        if st.stop is not None:
+        if st.stop is not None or st.failed is not None:
             return
         # Runs admitted before an interruption finish first (the broker watches them), so replay sees them.
         st = self._wait(lambda s: not any(r.kind == "search" for r in s.in_flight), "runs in flight")

@@ -42,13 +42,52 @@ from attune.campaign import campaign_lock
 from attune.measure import gpu_hours
 from attune.rungen import Candidate, Changes, ResolvedJob, RunGenerator, RunGenError, parse_changes
 from attune.spec import CampaignSpec, load_spec, spec_sha256
-from attune.state import CampaignState, RunState, fold
+from attune.state import BudgetState, CampaignState, RunState, fold
 
 RUNS_DIR = "runs"
 FAILED_OUTCOMES = ("oom", "hang", "crash", "infrastructure")
 EARLY_ABORT_STEPS = 4  # measured steps before an early abort may judge a run
 SOURCE_ROOT = Path(attune.__file__).resolve().parents[1]
 
+
+
+
+CHECK_SLACK_GPU_HOURS = 1e-8  # the ledger rounds GPU-hours to 9 decimals: a reserve sized for N checks pays N
+
+
+class WorkloadEnvError(RunGenError):
+    """A launch refused because the workload's environment cannot run it (code `environment`).
+
+    `terminal`: nothing the agent can do makes it work (a build that failed, or the spec's own
+    interpreter unusable); a calibration launch refused so ends the campaign failed."""
+
+    def __init__(self, message: str, terminal: bool) -> None:
+        super().__init__("environment", message)
+        self.terminal = terminal
+
+def check_budget_refusal(b: BudgetState, expected: float) -> str | None:
+    """Why a correctness check run expected to cost `expected` GPU-h cannot be admitted, or None.
+
+    The one rule: check runs (the baseline's reference and replicate check runs, the candidates'
+    checks) are paid from the check reserve alone, never from what the search left unspent, and the
+    budget is never exceeded: a check fits `min(reserve left, budget remaining)` (`check_left`).
+    Search launches are admitted only against `remaining - reserve left`, so they cannot eat the
+    reserve; if calibration and search runs were charged more than expected and overran into it
+    anyway, the refusal says by how much."""
+    left = b.check_left
+    if left is not None and expected <= left + CHECK_SLACK_GPU_HOURS:
+        return None
+    if b.total is None:
+        return "the campaign's budget is not set yet"
+    msg = (f"a check run is expected to cost {expected:.6g} GPU-h and the check reserve has {left:.6g} GPU-h left "
+           f"(reserve {b.reserve:.6g} - check runs charged {b.reserve_used:.6g} - check runs in flight "
+           f"{b.check_in_flight:.6g})")
+    if b.reserve_overrun > 1e-12:
+        others = b.charged - b.reserve_used + b.in_flight - b.check_in_flight
+        msg += (f"; calibration and search runs overran their share of the budget (total {b.total:.6g} - reserve "
+                f"{b.reserve:.6g} = {b.total - b.reserve:.6g} GPU-h) by {b.reserve_overrun:.6g} GPU-h "
+                f"({others:.6g} GPU-h charged or in flight), into the reserve")
+    return msg
 
 class ControlError(Exception):
     """The campaign cannot be driven as it is (not started, spec changed, bad configuration)."""
@@ -317,6 +356,9 @@ class Control:
                 decision = self._decide(state, request)
             except RunGenError as exc:
                 decision = Admission(False, exc.code, exc.message, kind=request.kind)
+                fatal = isinstance(exc, WorkloadEnvError) and exc.terminal and request.kind == "calibration"
+            else:
+                fatal = False
             if not decision.admitted:
                 self.ledger.append("launch_refused", {
                     "reason": decision.reason, "code": decision.code, "kind": request.kind,
@@ -324,6 +366,12 @@ class Control:
                     "changes": request.changes, "lever": request.lever, "hypothesis": request.hypothesis,
                     "profile": request.profile,
                 })
+                if fatal and state.calibration is None and state.failed is None:
+                    # Nothing can ever be measured: the campaign ends failed (never success on nothing), so a
+                    # headless session's Stop hook lets it end, as a failure, and `attune tune` exits 1.
+                    self.ledger.append("campaign_failed", {
+                        "reason": f"the baseline cannot be calibrated: {decision.reason}",
+                        "phase": "calibration", "shipped": None})
                 decision.budget = state.budget.as_dict()
                 return decision
             assert decision.job is not None and decision.run_id is not None
@@ -354,8 +402,8 @@ class Control:
         `of` is "baseline" or the id of a finished search run. These runs are the control plane's own
         (the agent cannot ask for them): no gate at admission (the check runs are judged on their
         resolved arguments afterwards), no identical-recipe rule. A check run is the recipe run for
-        `gate.convergence_steps` steps, paid from the reserve (it must fit what is left of the
-        budget, reserve included); a re-measurement is charged outside the budget (`final`)."""
+        `gate.convergence_steps` steps, paid from the check reserve only (`check_budget_refusal`); a
+        re-measurement is charged outside the budget (`final`)."""
         if kind not in ("check", "remeasure"):
             raise ValueError(f"kind must be check or remeasure, got {kind!r}")
         with campaign_lock(self.dir):
@@ -396,8 +444,8 @@ class Control:
 
         st = workenv.status(self.spec, self.dir)
         if st.state != "ready" or st.python is None:
-            raise RunGenError("environment", f"the workload's Python environment is not ready: {st.reason}"
-                              + (f". Fix: {st.fix}" if st.fix else ""))
+            raise WorkloadEnvError(f"the workload's Python environment is not ready: {st.reason}"
+                                   + (f". Fix: {st.fix}" if st.fix else ""), terminal=st.terminal)
         argv = list(job.argv)
         if argv and os.path.basename(argv[0]) in ("python", "python3"):
             argv[0] = st.python
@@ -424,11 +472,9 @@ class Control:
             cand = self.gen.with_steps(cand, steps)
         expected = self.expected_cost(state, kind, False) or 0.0
         if kind == "check":
-            left = state.budget.remaining
-            if left is None or expected > left + 1e-12:
-                return Admission(False, "budget", (
-                    f"a check run is expected to cost {expected:.6g} GPU-h and {left if left is not None else 0:.6g} "
-                    "GPU-h are left of the budget (reserve included)"), kind=kind, expected_gpu_hours=expected)
+            refusal = check_budget_refusal(state.budget, expected)
+            if refusal is not None:
+                return Admission(False, "budget", refusal, kind=kind, expected_gpu_hours=expected)
         run_id = self._next_run_id(state, None, label=f"{kind}-{of}")
         self.gen.confine(cand.changes, self.run_dir(run_id), self.workdir)
         job = self.gen.resolve(cand, self.run_dir(run_id), self.workdir)
@@ -457,6 +503,9 @@ class Control:
         spec = self.spec
         if state.name is None:
             return Admission(False, "not_started", "the campaign has not started")
+        if state.failed is not None:
+            return Admission(False, "failed", f"the campaign has ended failed: {state.failed.get('reason')}",
+                             kind=req.kind)
         edits = parse_changes(req.changes)
         probe_dir = self.run_dir(self._next_run_id(state, req))
         self.gen.confine(edits, probe_dir, self.workdir)  # before anything else: a path is refused outright

@@ -251,7 +251,9 @@ class Budget(_Strict):
     default_multiple: float = Field(30.0, gt=0, description="budget = this x the calibration run cost")
     check_reserve_runs: int = Field(3, ge=0, description="correctness checks the reserve must pay for")
     reserve_gpu_hours: float | None = Field(
-        None, ge=0, description="explicit reserve; default: check_reserve_runs x one 20-step check run"
+        None, ge=0, description=(
+            "explicit check reserve (check runs are paid from it alone; search never uses it); default: "
+            "(check_reserve_runs + 1 + gate.replicate_check_runs) x one gate.convergence_steps-step check run")
     )
     concurrency: PositiveInt = Field(3, description="jobs in flight at once")
     infra_reserve_gpu_hours: NonNegFloat = Field(0.0, description="pays for infrastructure failures")

@@ -16,9 +16,15 @@ Budget arithmetic (GPU-hours):
     infra_charged    infrastructure failures, paid by the infrastructure reserve
     final_charged    the final re-measurement after shipping (outside the budget)
     in_flight        expected cost of admitted runs that have not finished
-    reserve          held back for correctness checks; reserve_left = reserve - check charges
+    reserve          held back for the shipping step's correctness check runs (the baseline's reference
+                     and replicate check runs, the candidates' checks)
+    reserve_left     reserve - check charges - check runs in flight
     remaining        total - charged - in_flight
     search_remaining remaining - reserve_left: what a new search launch may use
+    check_left       min(reserve_left, remaining): what a new check run may use (checks are paid from the
+                     reserve only, and the budget is never exceeded)
+    reserve_overrun  how far the other runs (calibration, search) have eaten into the reserve:
+                     reserve_left - remaining when positive (their charges beyond total - reserve)
 """
 
 from __future__ import annotations
@@ -76,12 +82,13 @@ class BudgetState:
     in_flight: float = 0.0
     reserve: float = 0.0
     reserve_used: float = 0.0
+    check_in_flight: float = 0.0  # expected cost of check runs admitted and not finished
     infra_reserve: float = 0.0
     final_charged: float = 0.0  # the final re-measurement: outside the search budget, as in the paper
 
     @property
     def reserve_left(self) -> float:
-        return max(0.0, self.reserve - self.reserve_used)
+        return max(0.0, self.reserve - self.reserve_used - self.check_in_flight)
 
     @property
     def remaining(self) -> float | None:
@@ -93,6 +100,16 @@ class BudgetState:
     def search_remaining(self) -> float | None:
         rem = self.remaining
         return None if rem is None else rem - self.reserve_left
+
+    @property
+    def check_left(self) -> float | None:
+        rem = self.remaining
+        return None if rem is None else max(0.0, min(self.reserve_left, rem))
+
+    @property
+    def reserve_overrun(self) -> float:
+        rem = self.remaining
+        return 0.0 if rem is None else max(0.0, self.reserve_left - rem)
 
     @property
     def spent(self) -> bool:
@@ -114,6 +131,8 @@ class BudgetState:
             "final_charged_gpu_hours": r(self.final_charged),
             "remaining_gpu_hours": r(self.remaining),
             "search_remaining_gpu_hours": r(self.search_remaining),
+            "check_left_gpu_hours": r(self.check_left),
+            "reserve_overrun_gpu_hours": r(self.reserve_overrun),
             "spent": self.spent,
         }
 
@@ -266,6 +285,8 @@ class CampaignState:
             raise ledger_mod.LedgerError(f"row {row.seq}: run {run.run_id!r} admitted twice")
         self.runs[run.run_id] = run
         self.budget.in_flight += run.expected_gpu_hours
+        if run.kind in CHECK_KINDS:
+            self.budget.check_in_flight += run.expected_gpu_hours
 
     def _on_launch_refused(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
         self.launches_refused += 1
@@ -307,6 +328,8 @@ class CampaignState:
         if d.get("nodes"):
             run.nodes = list(d["nodes"])
         self.budget.in_flight = max(0.0, self.budget.in_flight - run.expected_gpu_hours)
+        if run.kind in CHECK_KINDS:
+            self.budget.check_in_flight = max(0.0, self.budget.check_in_flight - run.expected_gpu_hours)
         if run.charged_to == "infra":
             self.budget.infra_charged += charge
         elif run.charged_to == "final":

@@ -59,6 +59,12 @@ class EnvStatus:
     progress: list[str] = field(default_factory=list)
     elapsed_s: float | None = None
 
+    @property
+    def terminal(self) -> bool:
+        """Broken beyond what the agent can do: a build that failed, or the spec's interpreter unusable (only
+        a person can fix those: a reachable package index, an installed interpreter)."""
+        return self.state == "failed" or (self.state == "missing" and self.source == "spec")
+
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -95,3 +95,35 @@ def test_a_stop_without_a_calibrated_baseline_ends_failed_not_shipped(tmp_path: 
     assert "crash" in st.failed["reason"] and st.failed["phase"] == "calibration"
     assert not (d / "shipped" / "evidence.json").exists()
     assert shipping.status(st)["failed"] and not shipping.status(st)["done"]
+
+
+def test_a_workload_environment_that_cannot_run_the_baseline_ends_the_campaign_failed(tmp_path: Path,
+                                                                                       monkeypatch) -> None:
+    """Nothing can be measured when the spec's interpreter is unusable (only a person can fix it): the first
+    refused calibration launch ends the campaign failed, so a headless session's Stop hook lets it end, as a
+    failure, instead of blocking it up to Claude Code's block cap."""
+    monkeypatch.setenv("CLAUDE_PLUGIN_DATA", str(tmp_path / "data"))
+    d = make_campaign(tmp_path, environment={"python": str(tmp_path / "no-such-python"), "imports": ["json"]},
+                      control={"expected_run_gpu_hours": 0.001})
+    h = CampaignHandle(d)
+    out = h.launch({"kind": "calibration"})
+    assert out["admitted"] is False and out["code"] == "environment"
+    [row] = rows(d, "campaign_failed")
+    assert row.data["phase"] == "calibration" and "not an executable interpreter" in row.data["reason"]
+    assert row.data["reason"].startswith("the baseline cannot be calibrated: the workload's Python environment")
+    st, _ = load(d)
+    assert st.failed is not None and not st.runs and st.budget.charged == 0
+    again = h.launch({"kind": "calibration"})
+    assert again["admitted"] is False and again["code"] == "failed"
+    assert len(rows(d, "campaign_failed")) == 1
+    hook = _stop_hook(d)
+    assert hook.get("decision") != "block" and "FAILED" in hook["systemMessage"], hook
+    assert "not an executable interpreter" in hook["systemMessage"]
+
+    # an environment the agent can still build (missing, not built yet) only refuses the launch
+    d2 = make_campaign(tmp_path, name="fake-b", environment={"imports": ["attune_no_such_module"],
+                                                              "packages": ["no-such-pkg==1"]},
+                       control={"expected_run_gpu_hours": 0.001})
+    out2 = CampaignHandle(d2).launch({"kind": "calibration"})
+    assert out2["code"] == "environment" and not rows(d2, "campaign_failed")
+    assert _stop_hook(d2).get("decision") == "block"

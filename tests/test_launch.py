@@ -318,3 +318,33 @@ def test_a_restarted_broker_picks_up_its_runs(calibrated: CampaignHandle) -> Non
     settle(second)
     run = second.state().runs[out["run_id"]]
     assert run.outcome == "ok" and run.exit_code == 0 and run.verdict == "slower" and run.charge_gpu_hours > 0
+
+
+def test_check_runs_are_paid_from_the_reserve_alone(tmp_path: Path) -> None:
+    """A check run fits what is left of the check reserve (check runs in flight count), not what is left
+    of the whole budget; a search that overran into the reserve is named, with by how much."""
+    budget = {"gpu_hours": 1.0, "reserve_gpu_hours": 0.05, "concurrency": 5}
+    # before any run finishes, one run is expected to cost 0.014 GPU-h: a 20-step check 0.014 x 20/14 = 0.02
+    d = make_campaign(tmp_path, budget=budget, control={"expected_run_gpu_hours": 0.014})
+    c = Control(d)
+    assert [c.admit_final("check", "baseline").admitted for _ in range(2)] == [True, True]
+    b = c.state().budget
+    assert b.check_in_flight == pytest.approx(0.04) and b.reserve_left == pytest.approx(0.01)
+    assert b.remaining == pytest.approx(0.96)  # the budget could pay, the reserve cannot
+    third = c.admit_final("check", "baseline")
+    assert not third.admitted and third.code == "budget"
+    assert "check reserve has 0.01 GPU-h left" in third.reason and "overran" not in third.reason
+
+    # calibration and search charged beyond total - reserve: the reserve is short by exactly that
+    d2 = make_campaign(tmp_path / "over", budget=budget, control={"expected_run_gpu_hours": 0.014})
+    c2 = Control(d2)
+    c2.ledger.append("launch_admitted", {"run_id": "s1", "kind": "search", "expected_gpu_hours": 0.014})
+    c2.ledger.append("run_finished", {"run_id": "s1", "outcome": "ok", "charge_gpu_hours": 0.99})
+    b2 = c2.state().budget
+    assert b2.reserve_overrun == pytest.approx(0.04) and b2.check_left == pytest.approx(0.01)
+    assert b2.as_dict()["reserve_overrun_gpu_hours"] == pytest.approx(0.04)
+    out = c2.admit_final("check", "baseline")
+    assert not out.admitted and out.code == "budget"
+    assert "overran their share of the budget (total 1 - reserve 0.05 = 0.95 GPU-h) by 0.04 GPU-h" in out.reason
+    refused = rows(d2, "launch_refused")[-1].data
+    assert refused["kind"] == "check" and refused["reason"] == out.reason

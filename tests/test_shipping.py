@@ -16,7 +16,7 @@ from broker.campaigns import CampaignHandle
 from tests._broker_helpers import make_campaign, search, wait_for
 from tests.test_launch import calibrate, rows, settle
 
-BUDGET = {"gpu_hours": 0.02, "reserve_gpu_hours": 0.002, "concurrency": 3}
+BUDGET = {"gpu_hours": 0.03, "reserve_gpu_hours": 0.008, "concurrency": 3}  # the reserve pays 5 check runs
 
 
 def _ship(h: CampaignHandle, timeout_s: float = 90.0) -> None:
