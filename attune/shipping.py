@@ -479,6 +479,11 @@ def write_shipped(control: Control, state: CampaignState, backend: Any = None) -
     cand = control.gen.candidate(changes, Changes(), False)
     run_dir = out / "run"
     job = control.gen.resolve(cand, run_dir, control.workdir)
+    python = interpreter(control, state, run_id)
+    if python is not None:
+        from dataclasses import replace
+
+        job = replace(job, argv=(python, *job.argv[1:]))
     placeholders = control.gen.placeholders(Path("${RUN_DIR}"))
     command = [substitute(a, placeholders) for a in spec.baseline.command]
     args = {k: substitute(v, placeholders) if isinstance(v, str) else v
@@ -511,6 +516,9 @@ def write_shipped(control: Control, state: CampaignState, backend: Any = None) -
     ]
     lines += [f"export {k}={shlex.quote(str(v))}" for k, v in env.items()]
     parts = [" ".join(q(a) for a in command)]
+    if python is not None:
+        lines += [PYTHON_COMMENT, f"PYTHON=${{PYTHON:-{_sh_word(python)}}}"]
+        parts = [" ".join(['"$PYTHON"'] + [q(a) for a in command[1:]])]
     parts += [" ".join([flag] + [q(x) for x in render_value(v)]) for flag, v in args.items()
               if v is not None and v is not False]
     lines.append("exec " + " \\\n    ".join(parts))
@@ -524,6 +532,47 @@ def write_shipped(control: Control, state: CampaignState, backend: Any = None) -
         _write(out / f"job.{spec.cluster.backend}.sh", backend.render(js))
     _write(out / "evidence.json", json.dumps(evidence(control, state), indent=2, default=str) + "\n")
     return out
+
+
+PYTHON_COMMENT = "# The interpreter the campaign's measured runs used (set PYTHON to run with another):"
+
+
+def interpreter(control: Control, state: CampaignState, run_id: str) -> str | None:
+    """The interpreter the recipe's measured runs ran with, when the command starts with `python`, else None.
+
+    On the local backend a job's `python` is the workload's interpreter (spec `environment`: the control
+    plane wrote it into the job's argv), or else the broker's own (the local backend puts it first on
+    PATH). On a cluster the job's image is its environment, and its `python` stays as written."""
+    import shutil
+    import sys
+
+    cmd = control.spec.baseline.command
+    if control.spec.cluster.backend != "local" or not cmd or os.path.basename(cmd[0]) not in ("python", "python3"):
+        return None
+    measured = ([run_id] if run_id != "baseline" else []) + list(state.calibration_run_ids)
+    for rid in measured:
+        try:
+            argv = control.job_doc(rid).get("argv") or []
+        except (OSError, ValueError):
+            continue
+        if argv and os.path.isabs(str(argv[0])):
+            return str(argv[0])
+        break
+    if control.spec.environment is not None:
+        from attune import workenv
+
+        st = workenv.status(control.spec, control.dir)
+        return st.python if st.state == "ready" else None
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", os.defpath)])
+    found = shutil.which(cmd[0], path=path)
+    return os.path.abspath(found) if found else None
+
+
+def _sh_word(x: str) -> str:
+    """`x` inside ${VAR:-...} in an assignment: as is when it is a plain path, else single-quoted."""
+    import re
+
+    return x if re.fullmatch(r"[A-Za-z0-9._+/-]+", x) else shlex.quote(x)
 
 
 def evidence(control: Control, state: CampaignState) -> dict[str, Any]:

@@ -43,7 +43,7 @@ def _stop_hook(campaign: Path) -> dict:
 def test_every_remeasurement_failing_ends_the_campaign_failed(tmp_path: Path) -> None:
     broken = tmp_path / "machine-broken"
     d = make_campaign(tmp_path, budget=BUDGET, baseline={"env": {"FAKE_FAIL_FILE": str(broken)}},
-                      search_space={"--fake-step-ms": [10, 20]})
+                      search_space={"--fake-step-ms": [10, 20]}, search_rules="off")  # stops at once
     h = CampaignHandle(d)
     calibrate(h)
     record_stop(d, ["step"], "stop at once: the baseline is what ships")
@@ -81,7 +81,8 @@ def test_every_remeasurement_failing_ends_the_campaign_failed(tmp_path: Path) ->
 
 
 def test_a_stop_without_a_calibrated_baseline_ends_failed_not_shipped(tmp_path: Path) -> None:
-    d = make_campaign(tmp_path, budget=BUDGET, baseline={"args": {"--fake-mode": "crash", "--fake-fail-at": 1}})
+    d = make_campaign(tmp_path, budget=BUDGET, baseline={"args": {"--fake-mode": "crash", "--fake-fail-at": 1}},
+                      search_rules="off")  # the rules would refuse this stop; a black-box tuner's campaign may stop so
     h = CampaignHandle(d)
     for _ in range(3):
         h.launch({"kind": "calibration"})

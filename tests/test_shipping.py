@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from attune import shipping
 from attune.campaign import record_stop
 from attune.launch import LaunchRequest
 from broker.campaigns import CampaignHandle
-from tests._broker_helpers import make_campaign, search, wait_for
+from tests._broker_helpers import ROOT, make_campaign, search, wait_for
 from tests.test_launch import calibrate, rows, settle
 
 BUDGET = {"gpu_hours": 0.03, "reserve_gpu_hours": 0.008, "concurrency": 3}  # the reserve pays 5 check runs
@@ -81,7 +82,12 @@ def test_fastest_candidate_rejected_by_convergence_next_one_ships_and_is_remeasu
 
 
 def test_nothing_beats_the_band_the_baseline_ships(tmp_path: Path) -> None:
-    d = make_campaign(tmp_path, budget=BUDGET, search_rules="off")
+    # the jobs run with the workload's own interpreter (spec `environment.python`), and so does shipped/run.sh
+    venv = tmp_path / "wl"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    wl_python = str(venv / "bin" / "python")
+    d = make_campaign(tmp_path, budget=BUDGET, search_rules="off",
+                      environment={"python": wl_python, "imports": ["argparse"]})
     h = CampaignHandle(d)
     calibrate(h)
     _search(h, **{"--fake-step-ms": 19.9})
@@ -92,7 +98,25 @@ def test_nothing_beats_the_band_the_baseline_ships(tmp_path: Path) -> None:
     assert st.shipped["run_id"] == "baseline" and "no search run beat" in st.shipped["reason"]
     assert not [r for r in st.runs.values() if r.kind == "check"]  # nothing to check
     assert [r["recipe_of"] for r in st.remeasurements] == ["baseline", "baseline"]
-    assert "none (the baseline ships)" in (d / "shipped" / "run.sh").read_text()
+    script = (d / "shipped" / "run.sh").read_text()
+    assert "none (the baseline ships)" in script
+    assert f"PYTHON=${{PYTHON:-{wl_python}}}" in script and 'exec "$PYTHON" tests/fake_trainer.py' in script
+    assert json.loads((d / "shipped" / "job.json").read_text())["argv"][0] == wl_python
+    # a `python` first on PATH that is not the workload's interpreter is not what the script runs
+    stand_in = tmp_path / "bin"
+    stand_in.mkdir()
+    (stand_in / "python").write_text("#!/bin/sh\necho 'not the workload interpreter' >&2\nexit 3\n")
+    (stand_in / "python").chmod(0o755)
+    out = subprocess.run(["sh", str(d / "shipped" / "run.sh")], capture_output=True, text=True, timeout=60,
+                         env={"RUN_DIR": str(tmp_path / "prod"), "PATH": f"{stand_in}:/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert "iteration       14/" in out.stdout
+    # a TTB entry's copy names no interpreter of this machine: `python` on the user's PATH, or their PYTHON
+    from attune.ttb.paths import Relocator, absolute_paths
+
+    portable = Relocator(d, None, ROOT).run_sh(d / "shipped" / "run.sh")
+    assert absolute_paths(portable) == [] and "PYTHON=${PYTHON:-python}" in portable.splitlines()
+    assert 'exec "$PYTHON" tests/fake_trainer.py' in portable
 
 
 def test_third_repeat_when_two_repeats_disagree_by_more_than_the_band(tmp_path: Path) -> None:

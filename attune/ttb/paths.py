@@ -10,7 +10,8 @@ in every file it copies into an entry:
 - any other working directory becomes `${ATTUNE_WORKDIR}`.
 
 `recipe/run.sh` changes into the working directory through the same variables, with the current
-directory as the default where the campaign ran in attune's source root. The ledger's rows are
+directory as the default where the campaign ran in attune's source root, and runs `$PYTHON`
+(default `python` on PATH) where the campaign's script named its machine's interpreter. The ledger's rows are
 rewritten the same way and their hash chain is rebuilt; the entry records the campaign's own ledger
 head (`ledger.source_last_hash`) beside the rewritten one.
 """
@@ -109,6 +110,11 @@ class Relocator:
         for line in src.read_text(encoding="utf-8").splitlines():
             if line in cd_forms:
                 line = self.cd_line()
+            elif line.startswith("PYTHON=${PYTHON:-"):  # the submitting machine's interpreter: the user's own
+                line = "PYTHON=${PYTHON:-python}"
+            elif line.startswith("# The interpreter the campaign's measured runs used"):
+                line = ("# The interpreter: python on PATH, or set PYTHON; it needs the workload's packages "
+                        "(campaign.yaml's environment)")
             elif line.startswith("# Usage:"):
                 line = ("# Usage: ATTUNE_REPO=<your attune checkout> RUN_DIR=<output dir> sh run.sh"
                         if "ATTUNE_REPO" in self.cd_line() else
