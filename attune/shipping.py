@@ -14,7 +14,8 @@ broker that restarts (or a campaign resumed days later) carries on where it stop
    spread can be read, and they cover every step of the check (the calibration runs, which also
    count, cover only `steps_per_run`). They set the noise envelope of the convergence check
    (`gate.noise`; on a deterministic stack they reproduce the reference exactly, and say so). Check
-   runs are paid from the reserve, which counts these replicates.
+   runs are paid from the check reserve alone (`launch.check_budget_refusal`), which counts these
+   replicates.
 4. **Checks**, fastest candidate first: a check run of the candidate recipe (same steps, data and
    seed: the gate refuses any change of those), then layer 1 again on the fully resolved arguments
    and environment of both check runs (`gate.config_check.check_resolved`), then layer 2 on the two

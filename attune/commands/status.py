@@ -36,6 +36,8 @@ def render(s: dict[str, Any]) -> None:
         f"budget: total {_fmt(b['total_gpu_hours'])} GPU-h, charged {_fmt(b['charged_gpu_hours'])}, "
         f"in flight {_fmt(b['in_flight_gpu_hours'])}, reserve left {_fmt(b['reserve_left_gpu_hours'])}, "
         f"search remaining {_fmt(b['search_remaining_gpu_hours'])}"
+        + (f"; calibration and search overran into the check reserve by {_fmt(b['reserve_overrun_gpu_hours'])} GPU-h"
+           if b.get("reserve_overrun_gpu_hours") else "")
     )
     con.print(
         f"calibration: {c['runs']}/{c['required_runs']} runs, mean {_fmt(c['mean'])} tok/s/GPU, "
