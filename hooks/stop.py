@@ -9,7 +9,8 @@ missing, each item with its code; the hint is chosen by code, never by matching 
 a campaign it does nothing. Any error blocks too (fail closed); Claude Code itself ends a session
 after several consecutive blocks (`attune tune` raises that cap).
 
-A campaign that ended failed (no valid evidence: a `campaign_failed` ledger row), or a plugin whose
+A campaign that ended failed (no valid evidence: a `campaign_failed` ledger row, which the control
+plane also writes when a workload environment only a person can fix refuses calibration), or a plugin whose
 Python environment could not be built (nothing can run), lets the session end, but as a failure: the
 hook says FAILED and why (`systemMessage`), and in a headless session (`claude -p`), where Claude
 Code offers a hook no other way to fail the run, it writes the reason to that process's stderr and

@@ -37,7 +37,7 @@ print(json.dumps({{"type": "result", "subtype": "success", "is_error": False, "n
 
 
 def test_the_launcher_uses_the_installed_plugin_raises_the_cap_and_resumes(tmp_path: Path) -> None:
-    d = make_campaign(tmp_path)
+    d = make_campaign(tmp_path, search_rules="off")  # the stand-in stops without calibrating: no rules here
     log = tmp_path / "calls.json"
     stub = tmp_path / "claude"
     stub.write_text(STUB.format(python=sys.executable, log=str(log), install=str(tmp_path / "installed"),
