@@ -1,7 +1,7 @@
 """TrainingThroughputBench: the workload builder, submit's refusals, the verifier against tampering, the
 page in real headless Chromium, and the best-recipe lookup.
 
-One real simulated TTB campaign (Mixtral-8x22B on the simulated 128 x H100 cluster, heuristic tuner,
+One real simulated TTB campaign (MiniMax-M2 on the simulated 64 x B200 cluster, heuristic tuner,
 through `attune tune`) is run once per module and every entry test starts from a fresh copy of it.
 """
 
@@ -27,6 +27,7 @@ from attune.ttb.verify import verify_entry
 
 ROOT = Path(__file__).resolve().parents[1]
 MIXTRAL = ROOT / "examples" / "campaigns" / "mixtral-8x22b-128xh100"
+MINIMAX = ROOT / "examples" / "campaigns" / "minimax-m2-64xb200"
 ATTUNE = [sys.executable, "-m", "attune"]
 
 pytest.importorskip("tokenizers", reason="the ttb extra (scripts/setup.sh installs it)")
@@ -109,8 +110,8 @@ def test_the_committed_local_workload_verifies_and_feeds_tinygpt() -> None:
 
 @pytest.fixture(scope="module")
 def campaign(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("ttb") / "mixtral"
-    r = _cli("ttb", "template", str(MIXTRAL), "--out", str(d), "--json")
+    d = tmp_path_factory.mktemp("ttb") / "minimax"
+    r = _cli("ttb", "template", str(MINIMAX), "--out", str(d), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["protocol"] == "ttb-v1"
     r = _cli("tune", str(d / "campaign.yaml"), "--tuner", "heuristic", "--quiet", "--json")
@@ -165,23 +166,33 @@ def _reissue(d: Path, edit=None, stop_before: str | None = None) -> None:  # noq
         book.append(row["type"], row["data"], now=datetime.fromisoformat(r.ts.replace("Z", "+00:00")))
 
 
-def test_the_template_pins_the_protocol(campaign: Path) -> None:
+def test_the_template_pins_the_protocol(campaign: Path, tmp_path: Path) -> None:
     from attune.spec import load_spec
 
     spec = load_spec(campaign)
     assert proto.match(spec)[0] is proto.TTB_V1
     assert (spec.workload.seq_length, spec.workload.global_batch, spec.workload.precision) == (8192, 128, "bf16")
-    assert spec.baseline.args["--context-parallel-size"] == 2  # what Mixtral needs to fit 8,192-token rows on H100
     assert spec.gate.list_sha256 == sha256_file(campaign / "gate-list.yaml")
-    assert "value: 8192" in (campaign / "gate-list.yaml").read_text()
+    # Mixtral's public recipe trains 4,096-token rows: its template moves the sequence length in the
+    # gate list's pin, and adds the context parallelism it needs to fit 8,192-token rows on H100.
+    mx = tmp_path / "mixtral"
+    r = _cli("ttb", "template", str(MIXTRAL), "--out", str(mx), "--json")
+    assert r.returncode == 0, r.stderr
+    mspec = load_spec(mx)
+    assert proto.match(mspec)[0] is proto.TTB_V1
+    assert mspec.baseline.args["--context-parallel-size"] == 2
+    assert mspec.gate.list_sha256 == sha256_file(mx / "gate-list.yaml")
+    assert "value: 8192" in (mx / "gate-list.yaml").read_text()
 
 
 def test_submit_writes_an_entry_that_verifies(entry: Path, campaign: Path) -> None:
     e = load_entry(entry)
     assert e.simulated and e.label and SIM_LABEL in e.label and e.protocol == "ttb-v1"
-    assert e.hardware.accelerator == "H100" and e.hardware.nodes == 16
-    assert e.cost.usd_per_million_tokens == pytest.approx(usd_per_million(e.throughput.tokens_per_s_per_gpu, 3.0))
-    assert e.recipe.diff_from_public_recipe["--seq-length"] == {"public": 4096, "entry": 8192}
+    assert e.hardware.accelerator == "B200" and e.hardware.nodes == 8
+    assert e.cost.usd_per_million_tokens == pytest.approx(usd_per_million(e.throughput.tokens_per_s_per_gpu, 6.0))
+    diff = e.recipe.diff_from_public_recipe
+    assert diff and all(v["public"] != v["entry"] for v in diff.values())
+    assert all(e.recipe.args.get(k) == v["entry"] for k, v in diff.items() if v["entry"] not in (None, False))
     assert (entry / "recipe" / "run.sh").read_text().startswith("#!/bin/sh")
     rep = verify_entry(entry)
     assert rep.ok, rep.as_dict()
@@ -367,7 +378,7 @@ def _dump(page: Path, fragment: str, profile: Path) -> _Dom:
 
 @pytest.fixture
 def site(entry: Path, tmp_path: Path) -> Path:
-    """The committed seed entries plus this module's campaign: two Mixtral entries on one board."""
+    """The committed seed entries plus this module's campaign: two MiniMax-M2 entries on one board."""
     entries = sorted(p for p in (ROOT / "ttb" / "entries").iterdir() if (p / "entry.json").is_file())
     r = _cli("ttb", "build", *map(str, entries), str(entry), "--out", str(tmp_path / "site"), "--json")
     assert r.returncode == 0, r.stderr
@@ -379,7 +390,7 @@ def test_the_page_in_headless_chromium(site: Path, tmp_path: Path) -> None:
     index = json.loads((site / "index.json").read_text())
     sim_board = "ttb-v1 (simulated)"
     sim_rows = [r for r in index["leaderboard"] if r["board"] == sim_board]
-    assert len(sim_rows) >= 2 and index["history"], "the second Mixtral entry goes to the history"
+    assert len(sim_rows) >= 2 and index["history"], "the second MiniMax-M2 entry goes to the history"
     assert all(r["simulated"] for r in sim_rows) and not index["not_verified"]
     page = site / "index.html"
 
@@ -399,9 +410,9 @@ def test_the_page_in_headless_chromium(site: Path, tmp_path: Path) -> None:
     assert tps == sorted(tps, reverse=True)
     assert [r["id"] for r in dom.tables["history"]] == [h["id"] for h in index["history"]]
 
-    dom = _dump(page, "#model=mixtral-8x22b", tmp_path / "p3")
+    dom = _dump(page, "#model=minimax-m2", tmp_path / "p3")
     shown = [r for r in dom.tables["board-ttb-v1--simulated"] if not r["hidden"]]
-    assert [r["id"] for r in shown] == [r["id"] for r in sim_rows if r["model"] == "mixtral-8x22b"]
+    assert [r["id"] for r in shown] == [r["id"] for r in sim_rows if r["model"] == "minimax-m2"]
 
     dom = _dump(page, "#sim=0", tmp_path / "p4")
     assert all(r["hidden"] for r in dom.tables["board-ttb-v1--simulated"])
@@ -409,12 +420,12 @@ def test_the_page_in_headless_chromium(site: Path, tmp_path: Path) -> None:
 
 def test_best_is_a_verified_prior(entry: Path) -> None:
     root = entry.parent
-    assert not best(root, "mixtral-8x22b", "H100")["found"]  # simulated entries only when asked
-    res = best(root, "mixtral-8x22b", "H100", include_simulated=True)
+    assert not best(root, "minimax-m2", "B200")["found"]  # simulated entries only when asked
+    res = best(root, "minimax-m2", "B200", include_simulated=True)
     assert res["found"] and res["entry"]["id"] == entry.name and "measures it" in res["note"]
     assert res["entry"]["label"] and SIM_LABEL in res["entry"]["label"]
     _edit_entry(entry, lambda d: d["ledger"].update(last_hash="0" * 64))
-    res = best(root, "mixtral-8x22b", "H100", include_simulated=True)
+    res = best(root, "minimax-m2", "B200", include_simulated=True)
     assert not res["found"] and "does not verify" in res["skipped"][0]
 
 
@@ -510,7 +521,7 @@ def test_the_broker_mcp_server_gives_the_best_known_recipe_as_a_prior(entry: Pat
             return real, sim
 
     real, sim = asyncio.run(go())
-    assert real["found"] is False and "no verified TTB entry for mixtral-8x22b on H100" in real["reason"]
+    assert real["found"] is False and "no verified TTB entry for minimax-m2 on B200" in real["reason"]
     assert sim["found"] and sim["entry_id"] == entry.name and SIM_LABEL in sim["label"]
     assert sim["args"] == load_entry(entry).recipe.args and "measures it" in sim["note"]
 

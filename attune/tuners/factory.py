@@ -121,7 +121,7 @@ DEGREE_FLAGS = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-pa
                 "cp": "--context-parallel-size", "ep": "--expert-model-parallel-size"}
 SPLIT_FLAGS = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
                "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
-RECOMPUTE_FLAGS = ("--recompute-method", "--recompute-num-layers")
+RECOMPUTE_FLAGS = ("--recompute-method", "--recompute-num-layers", "--recompute-modules")
 
 
 def _split_fits(layers: int, pp: int, args: dict[str, ArgValue]) -> bool:

@@ -32,7 +32,9 @@ Coupler = Callable[[dict[str, ArgValue], str, ArgValue], "dict[str, ArgValue] | 
 
 def _recompute_fixup(full: dict[str, ArgValue], baseline: dict[str, ArgValue]) -> dict[str, ArgValue]:
     """A granularity moved away from the baseline's: full recomputation needs a method and a layer count
-    (Megatron), other granularities take neither. The baseline's own granularity is left as it is."""
+    (Megatron) and takes no module list (`--recompute-modules` is selective recomputation's: Megatron
+    refuses it with full); other granularities take neither method nor count. The baseline's own
+    granularity is left as it is."""
     if full.get("--recompute-granularity") == baseline.get("--recompute-granularity"):
         return full
     out = dict(full)
@@ -41,6 +43,8 @@ def _recompute_fixup(full: dict[str, ArgValue], baseline: dict[str, ArgValue]) -
             out["--recompute-method"] = "uniform"
         if out.get("--recompute-num-layers") in (None, False):
             out["--recompute-num-layers"] = 1
+        if "--recompute-modules" in out:
+            out["--recompute-modules"] = None
     elif "--recompute-granularity" in out:
         out["--recompute-method"] = None
         out["--recompute-num-layers"] = None
