@@ -392,7 +392,9 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     camp = w / "camp"
     (camp / "notes").mkdir(parents=True)
     shutil.copy(ROOT / "examples" / "campaigns" / "tinygpt-local" / "campaign.yaml", camp / "campaign.yaml")
-    campaign_mod.start(camp)
+    with pytest.MonkeyPatch.context() as mp:  # the ledger's key and anchor go into the world's own state dir
+        mp.setenv("XDG_STATE_HOME", str(w / "state"))
+        campaign_mod.start(camp)
     for r in ("r1", "r2"):
         (camp / "runs" / r).mkdir(parents=True)
         (camp / "runs" / r / "log").write_text("\n".join(megatron_lm_log(n=14 if r == "r1" else 13)) + "\n")
@@ -429,7 +431,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (w / "other").mkdir()
     (w / "other" / "ledger.jsonl").write_text('{"row": "OTHER-CANARY-2"}\n')
     (w / "other" / "ledger.json").write_text('{"row": "OTHER-CANARY-2"}\n')
-    (w / "state" / "attune" / "ledger-keys").mkdir(parents=True)
+    (w / "state" / "attune" / "ledger-keys").mkdir(parents=True, exist_ok=True)
     (w / "state" / "attune" / "ledger-keys" / "key").write_text("KEY-CANARY-5\n")
     (w / "plugin-data" / "venv").mkdir(parents=True)
     (w / "plugin-data" / "venv" / "secret").write_text("DATA-CANARY-6\n")
@@ -446,6 +448,9 @@ def world(template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pa
     monkeypatch.setenv("HOME", str(w / "home"))
     for k in ("CLAUDE_PROJECT_DIR", "CLAUDE_CONFIG_DIR"):
         monkeypatch.delenv(k, raising=False)
+    from attune import ledger
+
+    ledger.adopt(w / "camp", template / "camp")  # the copy's ledger keeps its key (filed by real path)
     return w
 
 
