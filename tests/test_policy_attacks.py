@@ -485,7 +485,10 @@ def _run(w: Path, command: str) -> subprocess.CompletedProcess[str]:
            "ATTUNE_LESSONS_FILE": str(w / "camp" / "notes" / "lessons.yaml")}
     argv = ["bash", "-c", command]
     if BWRAP:
+        # The checkout and its venv stay visible (read-only) when they live under /tmp, as a CI clone may.
+        keep = sorted({str(ROOT.resolve()), str(Path(sys.prefix).resolve())})
         argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+                *[a for k in keep for a in ("--ro-bind", k, k)],
                 "--bind", str(w), str(w), "--unshare-net", "--unshare-pid", "--die-with-parent",
                 "--chdir", str(camp), *argv]
     return subprocess.run(argv, cwd=camp, env=env, capture_output=True, text=True, timeout=60,
