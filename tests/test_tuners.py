@@ -202,3 +202,21 @@ def test_empty_space_is_refused() -> None:
         RandomTuner({}, {})
     with pytest.raises(ValueError, match="search_space.--x"):
         HeuristicTuner({"--x": []}, {})
+
+
+def test_heuristic_late_outcome_of_another_lever_does_not_rule_out_the_lever_being_probed() -> None:
+    """With runs overlapping, an earlier lever's outcomes can arrive while the next lever is probed. They
+    count against their own lever: the lever being probed keeps its second value (the CI failure of the
+    Mixtral example, where CP lost its only real value and the stop was refused by rule 4)."""
+    from attune.tuners.heuristic import HeuristicTuner
+
+    t = HeuristicTuner({"--a": [1, 2, 3], "--context-parallel-size": [1, 2]}, {"--a": 2})
+    a1, a2 = t.ask(), t.ask()
+    assert a1 is not None and a2 is not None and a1.lever == a2.lever == "--a"
+    cp = t.ask()
+    # an unset parallel degree is 1, so the first CP candidate is the only new one: CP=2
+    assert cp is not None and cp.changes == {"--context-parallel-size": 2}
+    t.tell(a1, Outcome(run_id="r1", outcome="ok", tokens_per_s_per_gpu=1.0, valid=True))
+    t.tell(a2, Outcome(run_id="r2", outcome="crash"))
+    assert t.ruled_out.get("--a") == "two values did not beat the leader"
+    assert "--context-parallel-size" not in t.ruled_out

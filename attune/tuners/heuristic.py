@@ -86,7 +86,7 @@ class HeuristicTuner(Tuner):
         self.won: list[str] = []  # levers that produced a leader, in order
         self.ruled_out: dict[str, str] = {}
         self.queue: deque[tuple[str, ArgValue]] = deque()
-        self.failures_this_lever = 0
+        self.failures: dict[str, int] = {}  # per lever: values that did not beat the leader this pass
         self.current_lever: str | None = None
         self.improved_this_pass = False
         self.pending_retry: deque[Candidate] = deque()
@@ -106,6 +106,8 @@ class HeuristicTuner(Tuner):
     def _values_to_try(self, lever: str) -> list[ArgValue]:
         values = list(self.space[lever])
         cur = self._value(lever)
+        if cur is None and lever in LAYOUT_FLAGS:
+            cur = 1  # an unset parallel degree is 1: trying 1 would measure the leader again
         if cur in values:
             i = values.index(cur)
             # Neighbours first, alternating outward: i+1, i-1, i+2, i-2, ...
@@ -170,7 +172,7 @@ class HeuristicTuner(Tuner):
             if lever in self.ruled_out:
                 continue
             self.current_lever = lever
-            self.failures_this_lever = 0
+            self.failures[lever] = 0
             self.queue = deque((lever, v) for v in self._values_to_try(lever))
 
     def tell(self, candidate: Candidate, outcome: Outcome) -> None:
@@ -186,7 +188,7 @@ class HeuristicTuner(Tuner):
             if lever not in self.won:
                 self.won.append(lever)
             # Keep moving in the direction that won, drop the other direction.
-            self.failures_this_lever = 0
+            self.failures[lever] = 0
             self.queue = deque(
                 (lever, v) for v in self._values_to_try(lever) if self._beyond(lever, v, tok.get("value"), old)
             )
@@ -217,10 +219,13 @@ class HeuristicTuner(Tuner):
                             token={**tok, "retried": True},
                         ))
                         return
-        self.failures_this_lever += 1
-        if self.failures_this_lever >= 2:
+        # Outcomes arrive out of order when runs overlap: a late outcome of another lever counts against
+        # that lever, never against the one being probed now.
+        self.failures[lever] = self.failures.get(lever, 0) + 1
+        if self.failures[lever] >= 2:
             self.ruled_out[lever] = "two values did not beat the leader"
-            self.queue.clear()
+            if lever == self.current_lever:
+                self.queue.clear()
 
     def _beyond(self, lever: str, value: ArgValue, won_value: ArgValue, prev: ArgValue) -> bool:
         """Whether `value` lies further along the direction that took `prev` to `won_value`."""
