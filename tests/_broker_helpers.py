@@ -8,6 +8,8 @@ the real layer 1, with a correctness list for the stand-in's flags (`FAKE_LIST`)
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -101,3 +103,15 @@ def search(changes: dict[str, Any], lever: str = "step", **kw: Any) -> dict[str,
             "lever": lever, "expected_gain": 0.1, "code_locations": {k: "tests/fake_trainer.py:30" for k in changes}}
     body.update(kw)
     return body
+
+
+def tune(d: Path, *extra: str, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`attune tune CAMPAIGN --tuner heuristic --json` as a user runs it, then the campaign's broker stopped
+    whatever happened (the broker outlives `attune tune` by design)."""
+    root = cwd or Path(__file__).resolve().parents[1]
+    try:
+        return subprocess.run([sys.executable, "-m", "attune", "tune", str(d / "campaign.yaml"), "--tuner", "heuristic",
+                               "--json", *extra], capture_output=True, text=True, timeout=timeout, cwd=root)
+    finally:
+        subprocess.run([sys.executable, "-m", "attune", "broker", "stop", str(d)], capture_output=True, cwd=root,
+                       timeout=60)

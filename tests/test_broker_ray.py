@@ -7,7 +7,6 @@ tests/_ray_helpers.py); without Ray these tests skip and say why.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from attune.launch import LaunchRequest
 from attune.state import load
 from broker.backends.ray import START_MARK, RayBackend
 from broker.campaigns import CampaignHandle
-from tests._broker_helpers import make_campaign, wait_for
+from tests._broker_helpers import make_campaign, tune, wait_for
 from tests._ray_helpers import (
     RAY_ADDRESS,
     ROOT,
@@ -94,12 +93,7 @@ def test_short_tinygpt_campaign_ships_through_ray(tmp_path: Path) -> None:
     spec["budget"]["concurrency"] = 2  # the test cluster has 2 CPUs: two 1-rank jobs at once
     spec["search_space"] = {"--recompute-granularity": ["full", None]}
     d = _write(tmp_path, spec)
-    try:
-        res = subprocess.run([sys.executable, "-m", "attune", "tune", str(d / "campaign.yaml"), "--tuner", "heuristic",
-                              "--json"], capture_output=True, text=True, timeout=900, cwd=ROOT)
-    finally:
-        subprocess.run([sys.executable, "-m", "attune", "broker", "stop", str(d)], capture_output=True, cwd=ROOT,
-                       timeout=60)
+    res = tune(d, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout)
     st, _ = load(d)

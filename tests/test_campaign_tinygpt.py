@@ -6,8 +6,6 @@ re-measurement and the report."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ import yaml
 
 from attune import shipping
 from attune.state import load
+from tests._broker_helpers import tune
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "campaigns" / "tinygpt-local" / "campaign.yaml"
@@ -32,12 +31,7 @@ def test_short_tinygpt_campaign_ships_through_the_real_gate(tmp_path: Path) -> N
     d = tmp_path / "tiny"
     d.mkdir()
     (d / "campaign.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    try:
-        res = subprocess.run([sys.executable, "-m", "attune", "tune", str(d / "campaign.yaml"), "--tuner", "heuristic",
-                              "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT)
-    finally:
-        subprocess.run([sys.executable, "-m", "attune", "broker", "stop", str(d)], capture_output=True, cwd=ROOT,
-                       timeout=60)
+    res = tune(d, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout)
     st, _ = load(d)

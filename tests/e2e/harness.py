@@ -138,6 +138,17 @@ class Session:
         return "\n".join(lines[-40:])
 
 
+def stream_events(stdout: str) -> list[dict[str, Any]]:
+    """The events of `claude -p --output-format stream-json` (one JSON object a line; other lines skipped)."""
+    events = []
+    for line in stdout.splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue
+    return events
+
+
 def run_session(campaign: Path, steps: list[Step] | Callable[[ScriptedModel], Iterator[list[Block]]], tmp: Path, *, prompt: str = "Tune this campaign.",
                 max_turns: int = 30, timeout: float = 240, extra_env: dict[str, str] | None = None,
                 extra_args: list[str] | None = None) -> Session:
@@ -160,10 +171,4 @@ def run_session(campaign: Path, steps: list[Step] | Callable[[ScriptedModel], It
         p = subprocess.run(cmd, cwd=campaign, env=env, capture_output=True, text=True, timeout=timeout)
     finally:
         model.stop()
-    events = []
-    for line in p.stdout.splitlines():
-        try:
-            events.append(json.loads(line))
-        except ValueError:
-            continue
-    return Session(events, p.returncode, p.stderr, model, campaign, time.monotonic() - t0)
+    return Session(stream_events(p.stdout), p.returncode, p.stderr, model, campaign, time.monotonic() - t0)

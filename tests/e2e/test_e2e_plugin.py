@@ -36,7 +36,7 @@ import pytest
 
 from attune.state import load as load_state
 from tests.e2e.git_server import serve_snapshot
-from tests.e2e.harness import ROOT, clean_env
+from tests.e2e.harness import ROOT, clean_env, stream_events
 from tests.e2e.model_server import Block, ScriptedModel, all_text, result_text, text, tool_results, tool_use
 
 EXAMPLE = ROOT / "examples" / "campaigns" / "tinygpt-local" / "campaign.yaml"
@@ -111,13 +111,7 @@ def _session(claude: str, home: Path, camp: Path, model: ScriptedModel, env_extr
                            capture_output=True, text=True, timeout=timeout)
     finally:
         model.stop()
-    events = []
-    for line in p.stdout.splitlines():
-        try:
-            events.append(json.loads(line))
-        except ValueError:
-            continue
-    return p, events
+    return p, stream_events(p.stdout)
 
 
 def _describe(p: subprocess.CompletedProcess[str], agent: Agent | None, model: ScriptedModel) -> str:
