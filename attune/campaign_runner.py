@@ -34,6 +34,7 @@ from attune.state import CampaignState, RunState, load
 from attune.tuners.base import Candidate, Outcome, split_changes
 from attune.tuners.driver import drive
 from attune.tuners.factory import BUILT_IN, make_tuner
+from attune.vocab import RunKind, RunOutcome, Verdict
 
 TUNERS = ("claude", *BUILT_IN)
 MAX_REFUSED_CALIBRATIONS = 5  # refused calibration launches in a row before the runner gives up
@@ -130,8 +131,8 @@ class ReplayPlane:
         self.gen = RunGenerator(spec)
         self.done: dict[str, RunState] = {
             r.recipe_key: r for r in state.runs.values()
-            if r.kind == "search" and r.status == "finished" and r.recipe_key and not r.profile
-            and r.outcome != "infrastructure"}
+            if r.kind == RunKind.SEARCH and r.status == "finished" and r.recipe_key and not r.profile
+            and r.outcome != RunOutcome.INFRASTRUCTURE}
         self.replayed = 0
 
     def _key(self, cand: Candidate) -> str | None:
@@ -148,7 +149,7 @@ class ReplayPlane:
             self.replayed += 1
             return Outcome(run_id=run.run_id, outcome=run.outcome or "failed",
                            tokens_per_s_per_gpu=run.tokens_per_s_per_gpu, valid=bool(run.valid),
-                           promoted=run.verdict == "leader", reason="replayed from the ledger",
+                           promoted=run.verdict == Verdict.LEADER, reason="replayed from the ledger",
                            extra={"replayed": True, "verdict": run.verdict})
         return self.inner.evaluate(candidate, prune_below)
 

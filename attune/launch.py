@@ -43,9 +43,9 @@ from attune.measure import gpu_hours
 from attune.rungen import Candidate, Changes, ResolvedJob, RunGenerator, RunGenError, parse_changes
 from attune.spec import CampaignSpec, load_spec, spec_sha256
 from attune.state import BudgetState, CampaignState, RunState, fold
+from attune.vocab import STOPPED_OUTCOMES, RunKind, RunOutcome, Verdict
 
 RUNS_DIR = "runs"
-FAILED_OUTCOMES = ("oom", "hang", "crash", "infrastructure")
 EARLY_ABORT_STEPS = 4  # measured steps before an early abort may judge a run
 SOURCE_ROOT = Path(attune.__file__).resolve().parents[1]
 
@@ -615,7 +615,7 @@ class Control:
         open_ = [r for r in prior if r.status != "finished"]
         if open_:
             return "refuse", f"an identical recipe is already in flight (run {open_[0].run_id})"
-        infra = [r for r in prior if r.outcome == "infrastructure"]
+        infra = [r for r in prior if r.outcome == RunOutcome.INFRASTRUCTURE]
         if len(prior) == 1 and len(infra) == 1:
             return "retry", prior[0].run_id
         last = prior[-1]
@@ -683,18 +683,18 @@ class Control:
     # --- finishing --------------------------------------------------------------------------
     def classify(self, facts: JobFacts, score: Score) -> tuple[str, str]:
         """The run's outcome and why: the broker's own actions first, then the backend, then the log."""
-        if facts.killed_for == "hang":
-            return "hang", facts.reason or "no log progress: killed by the broker's watchdog"
-        if facts.killed_for == "cancelled":
-            return "cancelled", facts.reason or "cancelled through the broker"
-        if facts.killed_for == "pruned":
-            return "pruned", facts.reason or "stopped early: slower than the early-abort threshold"
+        if facts.killed_for == RunOutcome.HANG:
+            return RunOutcome.HANG, facts.reason or "no log progress: killed by the broker's watchdog"
+        if facts.killed_for == RunOutcome.CANCELLED:
+            return RunOutcome.CANCELLED, facts.reason or "cancelled through the broker"
+        if facts.killed_for == RunOutcome.PRUNED:
+            return RunOutcome.PRUNED, facts.reason or "stopped early: slower than the early-abort threshold"
         if facts.state == "infrastructure":
-            return "infrastructure", facts.reason or "the backend reports an infrastructure failure"
+            return RunOutcome.INFRASTRUCTURE, facts.reason or "the backend reports an infrastructure failure"
         if facts.state == "timeout":
-            return "hang", facts.reason or "the backend's time limit"
+            return RunOutcome.HANG, facts.reason or "the backend's time limit"
         if facts.state == "cancelled":
-            return "cancelled", facts.reason or "cancelled outside the broker"
+            return RunOutcome.CANCELLED, facts.reason or "cancelled outside the broker"
         return score.failure_class, score.failure_reason
 
     def finish(self, run_id: str, facts: JobFacts) -> dict[str, Any]:
@@ -707,7 +707,7 @@ class Control:
             if run.status == "finished":
                 return {"run_id": run_id, "outcome": run.outcome, "already_finished": True}
             started = facts.started_at if facts.started_at is not None else run.started_at
-            if facts.killed_for in ("cancelled", "pruned") and started is None:
+            if facts.killed_for in STOPPED_OUTCOMES and started is None:
                 score = Score(None, False, ["cancelled before it started"], "ok", "cancelled before it started")
             else:
                 score = score_run(self.spec, self.run_dir(run_id) / "log.txt", exit_code=facts.exit_code,
@@ -716,8 +716,8 @@ class Control:
             ended = facts.ended_at if facts.ended_at is not None else time.time()
             charge = gpu_hours(self.spec.cluster.gpus, ended - started) if started is not None else 0.0
             recipe_failure = False
-            charged_to = "final" if run.kind == "remeasure" else "budget"
-            if outcome == "infrastructure":
+            charged_to = "final" if run.kind == RunKind.REMEASURE else "budget"
+            if outcome == RunOutcome.INFRASTRUCTURE:
                 if run.retry_of is None:
                     charged_to = "infra"
                 else:
@@ -740,16 +740,16 @@ class Control:
             out: dict[str, Any] = {"run_id": run_id, "outcome": outcome, "reason": reason, "verdict": verdict,
                                    "charge_gpu_hours": _round(charge), "charged_to": charged_to,
                                    "tokens_per_s_per_gpu": score.tokens_per_s_per_gpu, "valid": score.valid}
-            ok = outcome == "ok" and score.valid and score.tokens_per_s_per_gpu is not None
-            if run.kind == "calibration" and ok:
+            ok = outcome == RunOutcome.OK and score.valid and score.tokens_per_s_per_gpu is not None
+            if run.kind == RunKind.CALIBRATION and ok:
                 self.ledger.append("calibration_run", {"run_id": run_id,
                                                        "tokens_per_s_per_gpu": score.tokens_per_s_per_gpu})
                 self._maybe_set_budget()
-            elif run.kind in ("check", "remeasure"):
+            elif run.kind in (RunKind.CHECK, RunKind.REMEASURE):
                 from attune.shipping import record_final_run
 
                 out.update(record_final_run(self, run_id))
-            elif run.kind == "search" and verdict == "leader":
+            elif run.kind == RunKind.SEARCH and verdict == Verdict.LEADER:
                 state = self.state()
                 prev_id, prev = state.leader_run_id, state.leader_tokens_per_s_per_gpu
                 cal = state.calibration
@@ -763,23 +763,23 @@ class Control:
             return out
 
     def _verdict(self, state: CampaignState, run: RunState, outcome: str, score: Score) -> str:
-        if outcome in ("cancelled", "pruned"):
+        if outcome in STOPPED_OUTCOMES:
             return outcome
-        if outcome != "ok":
-            return "failed"
+        if outcome != RunOutcome.OK:
+            return Verdict.FAILED
         if not score.valid or score.tokens_per_s_per_gpu is None:
-            return "invalid"
-        if run.kind != "search":
+            return Verdict.INVALID
+        if run.kind != RunKind.SEARCH:
             return run.kind
         cal = state.calibration
         lead = state.leader_tokens_per_s_per_gpu
         if cal is None or lead is None:
-            return "uncalibrated"
+            return Verdict.UNCALIBRATED
         if state.would_promote(score.tokens_per_s_per_gpu):
-            return "leader"
+            return Verdict.LEADER
         if score.tokens_per_s_per_gpu >= lead * (1.0 - cal.band):
-            return "within_band"
-        return "slower"
+            return Verdict.WITHIN_BAND
+        return Verdict.SLOWER
 
     def _maybe_set_budget(self) -> None:
         """Once calibration is complete: the budget (default a multiple of one run) and the check reserve."""

@@ -23,6 +23,7 @@ from attune import ledger as ledger_mod
 from attune.hardware import peak_flops
 from attune.measure import cost_per_million_tokens, gain, mfu, payback_days
 from attune.state import CampaignState, fold
+from attune.vocab import RECIPE_FAILURES
 
 
 @dataclass
@@ -141,7 +142,7 @@ def build(campaign_dir: Path | str) -> Report:
     g = gain(shipped_tps, baseline_tps) if shipped_tps and baseline_tps else None
 
     searches = [r for r in state.runs.values() if r.kind == "search"]
-    failed = [r for r in searches if r.outcome in ("oom", "hang", "crash")]
+    failed = [r for r in searches if r.outcome in RECIPE_FAILURES]
     used = state.budget.charged
     h = Headline(
         name=state.name,

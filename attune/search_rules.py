@@ -34,6 +34,7 @@ from typing import Any
 
 from attune.spec import CampaignSpec
 from attune.state import CampaignState, RunState
+from attune.vocab import RunOutcome, Verdict
 
 ArgValue = Any
 LAYOUT_FLAGS = {
@@ -263,7 +264,7 @@ def check_one_lever(spec: CampaignSpec, state: CampaignState, args: Mapping[str,
 
 def _search_runs(state: CampaignState) -> list[RunState]:
     return [r for r in state.runs.values() if r.kind == "search" and r.status == "finished"
-            and r.outcome not in ("cancelled", "infrastructure")]
+            and r.outcome not in (RunOutcome.CANCELLED, RunOutcome.INFRASTRUCTURE)]
 
 
 def _launched_names(spec: CampaignSpec, state: CampaignState) -> dict[str, set[str]]:
@@ -461,7 +462,7 @@ def stop_refusals(spec: CampaignSpec, state: CampaignState, levers_tested: list[
     layout_flags = set(LAYOUT_FLAGS.values()) | {
         "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--sequence-parallel"}
     open6: list[str] = []
-    winners = [r for r in runs if r.verdict == "leader" and r.run_id != state.leader_run_id]
+    winners = [r for r in runs if r.verdict == Verdict.LEADER and r.run_id != state.leader_run_id]
     for w in winners:
         wa, we = full[w.run_id]
         if layout_key(wa, gpus) == final_key:

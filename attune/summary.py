@@ -18,6 +18,7 @@ from pathlib import Path
 
 from attune.spec import CampaignSpec, load_spec
 from attune.state import CampaignState, load
+from attune.vocab import Verdict
 
 SUMMARY = Path("notes") / "summary.md"
 HISTORY_ENV = "ATTUNE_HISTORY_DIR"
@@ -49,13 +50,13 @@ def render(spec: CampaignSpec, st: CampaignState) -> str:
     if gain is not None:
         lines.append(f"- Leader at the stop: {st.leader_run_id}, {gain:+.1%} over the baseline during the search")
     search = [r for r in st.runs.values() if r.kind == "search" and r.status == "finished"]
-    winners = [r for r in search if r.verdict == "leader"]
+    winners = [r for r in search if r.verdict == Verdict.LEADER]
     lines += ["", "## Winners (in order)", ""]
     lines += [f"- {r.run_id}: {_changes(r.changes)} -> {r.tokens_per_s_per_gpu:,.1f} tokens/s/GPU"
               for r in winners if r.tokens_per_s_per_gpu] or ["- none beat the baseline by more than the band"]
     lines += ["", "## Losers and failures", ""]
     for r in search:
-        if r.verdict == "leader":
+        if r.verdict == Verdict.LEADER:
             continue
         why = r.outcome if r.outcome != "ok" else (r.verdict or "measured")
         reason = " ".join(str(r.reason or "").split())[:160] if r.outcome != "ok" else ""

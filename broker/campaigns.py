@@ -21,6 +21,7 @@ from typing import Any
 from attune.campaign import record_assumption, record_stop
 from attune.launch import EARLY_ABORT_STEPS, Admission, Control, JobFacts, LaunchRequest
 from attune.state import CampaignState, RunState
+from attune.vocab import STOPPED_OUTCOMES, RunOutcome
 from broker.backends import get_backend
 from broker.backends.base import Backend, BackendError, BackendUnavailable, JobSpec, JobState, JobStatus
 from broker.files import FileAccessError, FileTree, Root, compile_pattern, read_lines, search_file, tail_lines
@@ -203,13 +204,13 @@ class CampaignHandle:
             limit = self.spec.control.hang_timeout_s
             if idle is not None and idle >= limit:
                 detail = f"no log progress for {idle:.0f} s (limit {limit:g} s): killed by the broker's watchdog"
-                return events + [self._kill(run, "hang", detail, idle)]
+                return events + [self._kill(run, RunOutcome.HANG, detail, idle)]
             if run.prune_below is not None:
                 partial = self.partial_throughput(run.run_id)
                 if partial is not None and partial[1] >= EARLY_ABORT_STEPS and partial[0] < run.prune_below:
                     detail = (f"early abort: {partial[0]:.6g} tokens/s/GPU over {partial[1]} measured steps, below "
                               f"the threshold {run.prune_below:.6g}")
-                    return events + [self._kill(run, "pruned", detail, idle)]
+                    return events + [self._kill(run, RunOutcome.PRUNED, detail, idle)]
         return events
 
     def _kill(self, run: RunState, why: str, detail: str, idle: float | None) -> str:
@@ -253,7 +254,7 @@ class CampaignHandle:
 
     def cancel(self, run_id: str, why: str = "cancelled") -> dict[str, Any]:
         """Stop a run now. `why`: cancelled (by the agent) or pruned (a tuner's early abort)."""
-        if why not in ("cancelled", "pruned"):
+        if why not in STOPPED_OUTCOMES:
             raise FileAccessError("bad_request", f"reason must be cancelled or pruned, got {why!r}")
         with self._lock:
             state = self.control.state()

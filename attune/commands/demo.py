@@ -18,6 +18,7 @@ from typing import Any
 
 from attune.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from attune.output import add_json_flag, emit_json
+from attune.vocab import RECIPE_FAILURES
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_CAMPAIGN = ROOT / "examples" / "campaigns" / "tinygpt-local" / "campaign.yaml"
@@ -82,7 +83,7 @@ class Display:
             t.add_row("budget", f"{used:.4g} of {b.total:.4g} rank-hours (reserve {b.reserve:.3g})")
             t.add_row("", bar)
         searches = [r for r in st.runs.values() if r.kind == "search"]
-        failed = sum(1 for r in searches if r.outcome in ("oom", "hang", "crash"))
+        failed = sum(1 for r in searches if r.outcome in RECIPE_FAILURES)
         t.add_row("launches", f"{len(searches)} ({failed} failed)")
         g = st.leader_gain()
         t.add_row("leader", f"{st.leader_run_id or '-'}" + (f"  {g:+.1%} over the baseline" if g is not None else ""))

@@ -21,10 +21,11 @@ from attune.metrics.analysis import (
     parse_window,
 )
 from attune.metrics.base import LogParser
-from attune.metrics.failure import DEFAULT_HANG_AFTER_S, FAILURE_CLASSES
+from attune.metrics.failure import DEFAULT_HANG_AFTER_S
 from attune.metrics.megatron import MegatronBridgeParser, MegatronLMParser
 from attune.metrics.records import ParsedLog, StepRecord
 from attune.metrics.torchtitan import TorchtitanParser
+from attune.vocab import FAILURE_CLASSES
 
 PARSERS: dict[str, type[LogParser]] = {
     cls.framework: cls for cls in (MegatronLMParser, MegatronBridgeParser, TorchtitanParser)

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 from attune.metrics.records import Signal
 
-FAILURE_CLASSES = ("ok", "oom", "hang", "crash", "infrastructure")
 DEFAULT_HANG_AFTER_S = 900.0
 MAX_SIGNALS_PER_PATTERN = 3
 
