@@ -39,13 +39,13 @@ from pydantic import BaseModel, ConfigDict, Field
 import attune
 from attune import ledger as ledger_mod
 from attune.campaign import campaign_lock
+from attune.campaign_paths import CAMPAIGN_FILE, RUN_JOB, RUN_LOG, RUNS_DIR
 from attune.measure import gpu_hours
 from attune.rungen import Candidate, Changes, ResolvedJob, RunGenerator, RunGenError, parse_changes
 from attune.spec import CampaignSpec, load_spec, spec_sha256
 from attune.state import BudgetState, CampaignState, RunState, fold
 from attune.vocab import STOPPED_OUTCOMES, RunKind, RunOutcome, Verdict
 
-RUNS_DIR = "runs"
 EARLY_ABORT_STEPS = 4  # measured steps before an early abort may judge a run
 SOURCE_ROOT = Path(attune.__file__).resolve().parents[1]
 
@@ -284,8 +284,8 @@ class Control:
 
     def __init__(self, campaign_dir: Path | str) -> None:
         self.dir = Path(campaign_dir).resolve()
-        self.spec: CampaignSpec = load_spec(self.dir / "campaign.yaml")
-        self.spec_sha256 = spec_sha256(self.dir / "campaign.yaml")
+        self.spec: CampaignSpec = load_spec(self.dir / CAMPAIGN_FILE)
+        self.spec_sha256 = spec_sha256(self.dir / CAMPAIGN_FILE)
         self.ledger = ledger_mod.Ledger(self.dir)
         self.gen = RunGenerator(self.spec)
         problems = self.gen.check_baseline()
@@ -296,7 +296,7 @@ class Control:
             raise ControlError(f"campaign {self.dir} has not started (run `attune init {self.dir}` first)")
         if state.spec_sha256 != self.spec_sha256:
             raise ControlError(
-                f"{self.dir / 'campaign.yaml'} changed after the campaign started (pinned sha256 "
+                f"{self.dir / CAMPAIGN_FILE} changed after the campaign started (pinned sha256 "
                 f"{state.spec_sha256}, now {self.spec_sha256}); a campaign's spec is frozen"
             )
         wd = self.spec.control.workdir
@@ -350,7 +350,7 @@ class Control:
         with campaign_lock(self.dir):
             state = self.state()
             try:
-                if spec_sha256(self.dir / "campaign.yaml") != self.spec_sha256:
+                if spec_sha256(self.dir / CAMPAIGN_FILE) != self.spec_sha256:
                     raise RunGenError("spec_changed", (
                         "campaign.yaml changed after the campaign started; its spec is frozen (restore it)"))
                 decision = self._decide(state, request)
@@ -662,12 +662,12 @@ class Control:
             "time_limit_s": self.spec.control.time_limit_s,
             "request": request,
         }
-        tmp = job.run_dir / "job.json.tmp"
+        tmp = job.run_dir / (RUN_JOB + ".tmp")
         tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-        os.replace(tmp, job.run_dir / "job.json")
+        os.replace(tmp, job.run_dir / RUN_JOB)
 
     def job_doc(self, run_id: str) -> dict[str, Any]:
-        return json.loads((self.run_dir(run_id) / "job.json").read_text())
+        return json.loads((self.run_dir(run_id) / RUN_JOB).read_text())
 
     # --- lifecycle rows ---------------------------------------------------------------------
     def record_submitted(self, run_id: str, backend: str, backend_id: str) -> None:
@@ -710,7 +710,7 @@ class Control:
             if facts.killed_for in STOPPED_OUTCOMES and started is None:
                 score = Score(None, False, ["cancelled before it started"], "ok", "cancelled before it started")
             else:
-                score = score_run(self.spec, self.run_dir(run_id) / "log.txt", exit_code=facts.exit_code,
+                score = score_run(self.spec, self.run_dir(run_id) / RUN_LOG, exit_code=facts.exit_code,
                                   seconds_since_progress=facts.seconds_since_progress)
             outcome, reason = self.classify(facts, score)
             ended = facts.ended_at if facts.ended_at is not None else time.time()

@@ -29,9 +29,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from attune.campaign_paths import SESSION_FILE
 from attune.state import CampaignState, load
 
-SESSION_FILE = "session.json"
 STOP_HOOK_BLOCK_CAP = "1000"  # Claude Code's default is 8 consecutive blocks
 PLUGIN_SERVERS = ("broker", "metrics", "traces", "gate")
 GOAL = (

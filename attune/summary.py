@@ -16,11 +16,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from attune.campaign_paths import CAMPAIGN_FILE, NOTES_DIR, SUMMARY_FILE
 from attune.spec import CampaignSpec, load_spec
 from attune.state import CampaignState, load
 from attune.vocab import Verdict
 
-SUMMARY = Path("notes") / "summary.md"
+SUMMARY = Path(NOTES_DIR) / SUMMARY_FILE
 HISTORY_ENV = "ATTUNE_HISTORY_DIR"
 
 
@@ -77,7 +78,7 @@ def write_summary(campaign_dir: Path | str, *, overwrite: bool = False) -> Path:
     """notes/summary.md from the ledger, unless the agent wrote one (then it is kept); copied to the history dir."""
     d = Path(campaign_dir)
     path = d / SUMMARY
-    spec = load_spec(d / "campaign.yaml")
+    spec = load_spec(d / CAMPAIGN_FILE)
     if overwrite or not path.exists():
         st, _ = load(d)
         path.parent.mkdir(parents=True, exist_ok=True)

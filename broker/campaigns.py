@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from attune.campaign import record_assumption, record_stop
+from attune.campaign_paths import LEDGER_FILE, RUN_KILL_FILE, RUN_LOG
 from attune.launch import EARLY_ABORT_STEPS, Admission, Control, JobFacts, LaunchRequest
 from attune.state import CampaignState, RunState
 from attune.vocab import STOPPED_OUTCOMES, RunOutcome
@@ -28,7 +29,7 @@ from broker.files import FileAccessError, FileTree, Root, compile_pattern, read_
 
 log = logging.getLogger("attune.broker")
 
-KILL_FILE = "broker_kill.json"
+KILL_FILE = RUN_KILL_FILE
 UNSUBMITTED_GRACE_S = 30.0  # an admitted run with no submission row after this long was lost
 
 
@@ -55,7 +56,7 @@ class CampaignHandle:
         """The campaign's identity: the hash of its first ledger row (a directory deleted and made
         again under a running broker is another campaign, whose runs this broker must not touch)."""
         try:
-            with open(self.dir / "ledger.jsonl", "rb") as fh:
+            with open(self.dir / LEDGER_FILE, "rb") as fh:
                 return str(json.loads(fh.readline())["hash"])
         except (OSError, ValueError, KeyError):
             return None
@@ -119,7 +120,7 @@ class CampaignHandle:
 
     def log_progress(self, run: RunState, st: JobStatus | None) -> tuple[int, float | None]:
         """(log bytes, seconds since the log last grew, counted from the job's start)."""
-        path = self.control.run_dir(run.run_id) / "log.txt"
+        path = self.control.run_dir(run.run_id) / RUN_LOG
         started = (st.started_at if st else None) or run.started_at
         try:
             stat = path.stat()
@@ -225,7 +226,7 @@ class CampaignHandle:
         from attune.measure import windowed_throughput
         from attune.metrics import MetricsInputError, get_parser
 
-        path = self.control.run_dir(run_id) / "log.txt"
+        path = self.control.run_dir(run_id) / RUN_LOG
         if not path.exists():
             return None
         try:
@@ -313,7 +314,7 @@ class CampaignHandle:
         return real, shown
 
     def read_log(self, run_id: str, tail: int | None, offset_line: int | None, max_lines: int) -> dict[str, Any]:
-        real, shown = self.run_file(run_id, "log.txt")
+        real, shown = self.run_file(run_id, RUN_LOG)
         if not real.exists():
             return {"path": shown, "size_bytes": 0, "lines": [], "note": "the job has not written a log yet"}
         if offset_line is not None:
@@ -322,7 +323,7 @@ class CampaignHandle:
 
     def search_log(self, run_id: str, pattern: str, max_results: int, regex: bool = True,
                    ignore_case: bool = False) -> dict[str, Any]:
-        real, shown = self.run_file(run_id, "log.txt")
+        real, shown = self.run_file(run_id, RUN_LOG)
         rx = compile_pattern(pattern, regex=regex, ignore_case=ignore_case)
         if not real.exists():
             return {"pattern": pattern, "matches": [], "truncated": False, "note": "no log yet"}

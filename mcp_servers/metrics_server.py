@@ -34,6 +34,7 @@ from pydantic import BaseModel, Field
 from attune import ledger as ledger_mod
 from attune import measure
 from attune import state as state_mod
+from attune.campaign_paths import CAMPAIGN_FILE, RUN_LOG, RUNS_DIR
 from attune.metrics import DEFAULT_MAX_SPREAD, MetricsInputError, RunMetrics, read_metrics
 from attune.spec import CampaignSpec, SpecError, load_spec
 from attune.vocab import RunKind, RunOutcome, Verdict
@@ -243,7 +244,7 @@ def campaign_dir() -> Path:
 
 
 def _spec(directory: Path) -> CampaignSpec:
-    path = directory / "campaign.yaml"
+    path = directory / CAMPAIGN_FILE
     if not path.is_file():
         raise ToolError(f"no campaign.yaml in {directory} (set {CAMPAIGN_ENV} to the campaign directory)")
     try:
@@ -269,8 +270,8 @@ def run_log_path(directory: Path, run_id: str) -> Path:
             f"run_id: expected a run directory name (letters, digits, '.', '_', '-'; no path separators "
             f"or '..'), got {run_id!r}"
         )
-    runs = (directory / "runs").resolve()
-    path = (runs / run_id / "log.txt").resolve()
+    runs = (directory / RUNS_DIR).resolve()
+    path = (runs / run_id / RUN_LOG).resolve()
     if not path.is_relative_to(runs):
         raise ToolError(f"run_id: {run_id!r} leads outside the campaign's runs directory")
     if not path.is_file():

@@ -16,12 +16,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from attune.campaign_paths import CAMPAIGN_FILE
 from attune.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from attune.output import add_json_flag, emit_json
 from attune.vocab import RECIPE_FAILURES
 
 ROOT = Path(__file__).resolve().parents[2]
-DEMO_CAMPAIGN = ROOT / "examples" / "campaigns" / "tinygpt-local" / "campaign.yaml"
+DEMO_CAMPAIGN = ROOT / "examples" / "campaigns" / "tinygpt-local" / CAMPAIGN_FILE
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -109,7 +110,7 @@ def prepare(d: Path) -> None:
     if not DEMO_CAMPAIGN.is_file():
         raise FileNotFoundError(f"the demo campaign {DEMO_CAMPAIGN} is missing (run attune demo from a checkout)")
     d.mkdir(parents=True, exist_ok=True)
-    target = d / "campaign.yaml"
+    target = d / CAMPAIGN_FILE
     if target.exists():
         if target.read_bytes() != DEMO_CAMPAIGN.read_bytes():
             raise FileExistsError(f"{target} is not the demo campaign; choose another --dir")

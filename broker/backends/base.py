@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from attune.campaign_paths import RUN_LOG
+
 
 class BackendError(Exception):
     """The backend could not do what was asked (submission refused, unknown job, ...)."""
@@ -59,7 +61,7 @@ class JobSpec:
 
     @property
     def log_path(self) -> Path:
-        return self.run_dir / "log.txt"
+        return self.run_dir / RUN_LOG
 
 
 @dataclass
