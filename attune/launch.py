@@ -40,8 +40,9 @@ import attune
 from attune import ledger as ledger_mod
 from attune.campaign import campaign_lock
 from attune.campaign_paths import CAMPAIGN_FILE, RUN_JOB, RUN_LOG, RUNS_DIR
+from attune.job import JobSpec
 from attune.measure import gpu_hours
-from attune.rungen import Candidate, Changes, ResolvedJob, RunGenerator, RunGenError, parse_changes
+from attune.rungen import Candidate, Changes, RunGenerator, RunGenError, parse_changes
 from attune.spec import CampaignSpec, load_spec, spec_sha256
 from attune.state import BudgetState, CampaignState, RunState, fold
 from attune.vocab import STOPPED_OUTCOMES, RunKind, RunOutcome, Verdict
@@ -132,7 +133,7 @@ class Admission:
     retry_of: str | None = None
     exclude_nodes: list[str] = field(default_factory=list)
     recipe_key: str | None = None
-    job: ResolvedJob | None = None
+    job: JobSpec | None = None
     gate: dict[str, Any] | None = None
     budget: dict[str, Any] | None = None
     items: list[str] = field(default_factory=list)  # what a refusal lacks (the search rules' missing items)
@@ -432,7 +433,7 @@ class Control:
             decision.budget = self.state().budget.as_dict()
             return decision
 
-    def _with_workload_python(self, job: ResolvedJob) -> ResolvedJob:
+    def _with_workload_python(self, job: JobSpec) -> JobSpec:
         """The job with its command's `python` made the workload's interpreter (spec `environment`).
 
         Refuses (RunGenError `environment`, with the fix) when no interpreter at hand can import the

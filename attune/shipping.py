@@ -525,11 +525,9 @@ def write_shipped(control: Control, state: CampaignState, backend: Any = None) -
     lines.append("exec " + " \\\n    ".join(parts))
     _write(out / "run.sh", "\n".join(lines) + "\n", mode=0o755)
     if backend is not None and spec.cluster.backend != "local":
-        from broker.backends.base import JobSpec
+        from dataclasses import replace
 
-        js = JobSpec(job_id=f"{spec.name}-shipped", campaign=spec.name, argv=job.argv, env=job.env,
-                     workdir=job.workdir, run_dir=run_dir, gpus=job.gpus, gpus_per_node=job.gpus_per_node,
-                     time_limit_s=spec.control.time_limit_s, image=job.image)
+        js = replace(job, job_id=f"{spec.name}-shipped")
         _write(out / f"job.{spec.cluster.backend}.sh", backend.render(js))
     _write(out / SHIPPED_EVIDENCE, json.dumps(evidence(control, state), indent=2, default=str) + "\n")
     return out

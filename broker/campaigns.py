@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from attune.launch import EARLY_ABORT_STEPS, Admission, Control, JobFacts, Launc
 from attune.state import CampaignState, RunState
 from attune.vocab import STOPPED_OUTCOMES, RunOutcome
 from broker.backends import get_backend
-from broker.backends.base import Backend, BackendError, BackendUnavailable, JobSpec, JobState, JobStatus
+from broker.backends.base import Backend, BackendError, BackendUnavailable, JobState, JobStatus
 from broker.files import FileAccessError, FileTree, Root, compile_pattern, read_lines, search_file, tail_lines
 
 log = logging.getLogger("attune.broker")
@@ -84,11 +84,7 @@ class CampaignHandle:
     def _submit(self, decision: Admission, out: dict[str, Any]) -> dict[str, Any]:
         assert decision.job is not None and decision.run_id is not None
         job = decision.job
-        spec = JobSpec(
-            job_id=decision.run_id, campaign=self.name, argv=job.argv, env=job.env, workdir=job.workdir,
-            run_dir=job.run_dir, gpus=job.gpus, gpus_per_node=job.gpus_per_node,
-            time_limit_s=self.spec.control.time_limit_s, image=job.image, exclude_nodes=tuple(decision.exclude_nodes),
-        )
+        spec = replace(job, exclude_nodes=tuple(decision.exclude_nodes))
         try:
             backend_id = self.backend.submit(spec)
         except BackendError as exc:
