@@ -309,7 +309,6 @@ def _job_env(control: Control, run_id: str) -> dict[str, str]:
 def evaluate_check(control: Control, state: CampaignState, run: RunState, ref: RunState | None) -> dict[str, Any]:
     """The gate's verdict on one candidate's check run, against the baseline's reference run."""
     from attune.launch import load_gate_list
-    from gate import logparse
     from gate.config_check import check_resolved
     from gate.convergence import loss_deviation
     from gate.judge import judge
@@ -328,7 +327,7 @@ def evaluate_check(control: Control, state: CampaignState, run: RunState, ref: R
         loaded = load_gate_list(control.spec, control.dir, state.list_sha256)
     except (ListError, OSError) as exc:
         return {**data, "passed": False, "reason": f"the correctness list cannot be used: {exc}"}
-    b_res, c_res = logparse.read_resolved_args(ref_log), logparse.read_resolved_args(cand_log)
+    b_res, c_res = _resolved_args(state, ref_log), _resolved_args(state, cand_log)
     if not c_res or not b_res:
         l1: dict[str, Any] = {"passed": False, "summary": "no resolved arguments block in the check run's log",
                               "refusals": []}
@@ -366,13 +365,22 @@ def evaluate_check(control: Control, state: CampaignState, run: RunState, ref: R
 
 def _losses(state: CampaignState, log: Path) -> dict[int, float | None]:
     """A run's loss per iteration, read with the campaign's framework reader; empty if unreadable."""
-    from attune.metrics import get_parser
+    from attune.metrics import read_losses
 
     try:
-        parsed = get_parser(state.framework or "megatron-lm").read(log)
+        return read_losses(log, state.framework or "megatron-lm")
     except (OSError, ValueError):
         return {}
-    return {it: rec.loss for it, rec in parsed.steps.items()}
+
+
+def _resolved_args(state: CampaignState, log: Path) -> dict[str, str]:
+    """A run's resolved arguments, read with the campaign's framework reader; empty if the log has none."""
+    from attune.metrics import read_resolved_args
+
+    try:
+        return read_resolved_args(log, state.framework or "megatron-lm")
+    except (OSError, ValueError):
+        return {}
 
 
 def record_final_run(control: Control, run_id: str) -> dict[str, Any]:

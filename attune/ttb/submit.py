@@ -79,9 +79,9 @@ def submit(campaign_dir: str | Path, out_root: str | Path, prices: PriceTable, *
            public_recipe: str | Path | None = None, now: datetime | None = None) -> tuple[Path, Entry]:
     """Build the entry directory under `out_root`; returns its path and model."""
     from attune import ledger, shipping
+    from attune.metrics import read_losses, read_resolved_args
     from attune.spec import SpecError, load_spec
     from attune.state import load
-    from gate import logparse
     from gate.inputs import curve_to_json
 
     d = Path(campaign_dir)
@@ -203,9 +203,9 @@ def submit(campaign_dir: str | Path, out_root: str | Path, prices: PriceTable, *
             log = run_log(tmp / "evidence", str(rid))  # as the entry holds it
             curves[role] = str(rid)
             put(None, f"evidence/curves/{role}.json",
-                json.dumps({"run_id": rid, "loss": curve_to_json(logparse.read_losses(log))}, indent=1) + "\n")
+                json.dumps({"run_id": rid, "loss": curve_to_json(read_losses(log, spec.framework))}, indent=1) + "\n")
             try:
-                resolved = logparse.read_resolved_args(log)
+                resolved = read_resolved_args(log, spec.framework)
             except ValueError:
                 resolved = {}
             put(None, f"evidence/resolved/{role}.json", json.dumps({"run_id": rid, "args": resolved},

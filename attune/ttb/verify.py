@@ -234,13 +234,13 @@ def verify_entry(directory: str | Path, *, entry: Entry | None = None) -> EntryR
                 f"logs: {t.tokens_per_s_per_gpu:,.1f} tokens/s/GPU, band {t.band:.1%}"), None
 
     def _curves_and_resolved() -> dict[str, tuple[dict[int, float | None], dict[str, str], dict[str, str]]]:
-        from gate import logparse
+        from attune.metrics import read_losses, read_resolved_args
 
         out = {}
         for role, rid in (("baseline", e.gate.baseline_check_run), ("candidate", e.gate.candidate_check_run)):
             log = run_log(ev, str(rid))
-            curve = logparse.read_losses(log)
-            resolved = logparse.read_resolved_args(log)
+            curve = read_losses(log, spec.framework)
+            resolved = read_resolved_args(log, spec.framework)
             stored_c = json.loads((ev / "curves" / f"{role}.json").read_text())
             stored_r = json.loads((ev / "resolved" / f"{role}.json").read_text())
             from gate.inputs import curve_to_json
