@@ -16,11 +16,16 @@ Standard library only. A campaign directory holds:
     .broker/                 the broker's endpoint.json, token, locks and log
 
 Backends keep their own private files in a run's directory under names they define.
+
+The names import nothing at all (pathlib is imported on the first call of a path helper), so the
+hooks, which keep their start-up to the bare interpreter, can take the names from here.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (type checkers read it so)
+if TYPE_CHECKING:
+    from pathlib import Path
 
 CAMPAIGN_FILE = "campaign.yaml"
 POLICY_FILE = "policy.yaml"
@@ -55,20 +60,26 @@ PROTECTED_IN_CAMPAIGN = (
 )
 
 
+def _dir(campaign: Path | str) -> Path:
+    from pathlib import Path
+
+    return Path(campaign)
+
+
 def campaign_file(campaign: Path | str) -> Path:
-    return Path(campaign) / CAMPAIGN_FILE
+    return _dir(campaign) / CAMPAIGN_FILE
 
 
 def ledger_file(campaign: Path | str) -> Path:
-    return Path(campaign) / LEDGER_FILE
+    return _dir(campaign) / LEDGER_FILE
 
 
 def runs_dir(campaign: Path | str) -> Path:
-    return Path(campaign) / RUNS_DIR
+    return _dir(campaign) / RUNS_DIR
 
 
 def run_dir(campaign: Path | str, run_id: str) -> Path:
-    return Path(campaign) / RUNS_DIR / run_id
+    return _dir(campaign) / RUNS_DIR / run_id
 
 
 def run_log(campaign: Path | str, run_id: str) -> Path:
@@ -80,20 +91,20 @@ def run_job(campaign: Path | str, run_id: str) -> Path:
 
 
 def summary_file(campaign: Path | str) -> Path:
-    return Path(campaign) / NOTES_DIR / SUMMARY_FILE
+    return _dir(campaign) / NOTES_DIR / SUMMARY_FILE
 
 
 def shipped_dir(campaign: Path | str) -> Path:
-    return Path(campaign) / SHIPPED_DIR
+    return _dir(campaign) / SHIPPED_DIR
 
 
 def broker_dir(campaign: Path | str) -> Path:
-    return Path(campaign) / BROKER_DIR
+    return _dir(campaign) / BROKER_DIR
 
 
 def broker_token_file(campaign: Path | str) -> Path:
-    return Path(campaign) / BROKER_DIR / BROKER_TOKEN
+    return _dir(campaign) / BROKER_DIR / BROKER_TOKEN
 
 
 def broker_endpoint_file(campaign: Path | str) -> Path:
-    return Path(campaign) / BROKER_DIR / BROKER_ENDPOINT
+    return _dir(campaign) / BROKER_DIR / BROKER_ENDPOINT
