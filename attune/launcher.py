@@ -45,10 +45,6 @@ RESUME_PROMPT = (
 )
 
 
-def campaign_done(state: CampaignState) -> bool:
-    return (state.stop is not None or state.budget.spent) and state.shipped is not None and not state.in_flight
-
-
 def agent_done(state: CampaignState) -> bool:
     """The agent's part is over: a stop is recorded (or the budget is spent), or the campaign failed.
     Shipping is the control plane's (the broker runs it after the stop), so a session that ends after

@@ -18,10 +18,6 @@ from attune.vocab import RunOutcome
 Prefilter = Callable[[dict[str, ArgValue]], str | None]  # returns a reason to skip, or None
 
 
-def _encode(v: ArgValue) -> str | int | float | bool | None:
-    return v
-
-
 class TPETuner(Tuner):
     name = "tpe"
 
