@@ -12,6 +12,7 @@ from attune import ledger as ledger_mod
 from attune.campaign_paths import CAMPAIGN_FILE, CONTROL_LOCK
 from attune.spec import CampaignSpec, load_spec, spec_sha256
 from attune.state import CampaignState, load
+from attune.vocab import RunKind
 
 LOCK_NAME = CONTROL_LOCK
 
@@ -175,7 +176,7 @@ def _append_stop(campaign_dir: Path | str, levers: list[str | None], text: str |
             "levers_tested": levers, "diagnosis": text,
         })
         raise StopRefused(refusals)
-    tested = sorted({r.lever for r in state.runs.values() if r.kind == "search" and r.lever})
+    tested = sorted({r.lever for r in state.runs.values() if r.kind == RunKind.SEARCH and r.lever})
     return ledger_mod.Ledger(campaign_dir).append(
         "stop_recorded",
         {

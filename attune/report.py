@@ -24,7 +24,7 @@ from attune.campaign_paths import CAMPAIGN_FILE, REPORT_HTML, REPORT_MD
 from attune.hardware import peak_flops
 from attune.measure import cost_per_million_tokens, gain, mfu, payback_days
 from attune.state import CampaignState, fold
-from attune.vocab import RECIPE_FAILURES
+from attune.vocab import RECIPE_FAILURES, RunKind
 
 
 @dataclass
@@ -142,7 +142,7 @@ def build(campaign_dir: Path | str) -> Report:
             shipped_tps = float(shipped["tokens_per_s_per_gpu"])
     g = gain(shipped_tps, baseline_tps) if shipped_tps and baseline_tps else None
 
-    searches = [r for r in state.runs.values() if r.kind == "search"]
+    searches = [r for r in state.runs.values() if r.kind == RunKind.SEARCH]
     failed = [r for r in searches if r.outcome in RECIPE_FAILURES]
     used = state.budget.charged
     h = Headline(

@@ -19,7 +19,7 @@ from pathlib import Path
 from attune.campaign_paths import CAMPAIGN_FILE, NOTES_DIR, SUMMARY_FILE
 from attune.spec import CampaignSpec, load_spec
 from attune.state import CampaignState, load
-from attune.vocab import Verdict
+from attune.vocab import RunKind, RunOutcome, Verdict
 
 SUMMARY = Path(NOTES_DIR) / SUMMARY_FILE
 HISTORY_ENV = "ATTUNE_HISTORY_DIR"
@@ -50,7 +50,7 @@ def render(spec: CampaignSpec, st: CampaignState) -> str:
                  + (f" ({_changes(st.runs[shipped].changes)})" if shipped in st.runs else ""))
     if gain is not None:
         lines.append(f"- Leader at the stop: {st.leader_run_id}, {gain:+.1%} over the baseline during the search")
-    search = [r for r in st.runs.values() if r.kind == "search" and r.status == "finished"]
+    search = [r for r in st.runs.values() if r.kind == RunKind.SEARCH and r.status == "finished"]
     winners = [r for r in search if r.verdict == Verdict.LEADER]
     lines += ["", "## Winners (in order)", ""]
     lines += [f"- {r.run_id}: {_changes(r.changes)} -> {r.tokens_per_s_per_gpu:,.1f} tokens/s/GPU"
@@ -59,8 +59,8 @@ def render(spec: CampaignSpec, st: CampaignState) -> str:
     for r in search:
         if r.verdict == Verdict.LEADER:
             continue
-        why = r.outcome if r.outcome != "ok" else (r.verdict or "measured")
-        reason = " ".join(str(r.reason or "").split())[:160] if r.outcome != "ok" else ""
+        why = r.outcome if r.outcome != RunOutcome.OK else (r.verdict or "measured")
+        reason = " ".join(str(r.reason or "").split())[:160] if r.outcome != RunOutcome.OK else ""
         lines.append(f"- {r.run_id}: {_changes(r.changes)} -> {why}" + (f" ({reason})" if reason else ""))
     if st.diagnoses:
         lines += ["", "## Diagnoses", ""]

@@ -19,7 +19,7 @@ from typing import Any
 from attune.campaign_paths import CAMPAIGN_FILE
 from attune.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from attune.output import add_json_flag, emit_json
-from attune.vocab import RECIPE_FAILURES
+from attune.vocab import RECIPE_FAILURES, RunKind
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_CAMPAIGN = ROOT / "examples" / "campaigns" / "tinygpt-local" / CAMPAIGN_FILE
@@ -83,7 +83,7 @@ class Display:
             bar = ProgressBar(total=b.total, completed=min(used, b.total), width=30)
             t.add_row("budget", f"{used:.4g} of {b.total:.4g} rank-hours (reserve {b.reserve:.3g})")
             t.add_row("", bar)
-        searches = [r for r in st.runs.values() if r.kind == "search"]
+        searches = [r for r in st.runs.values() if r.kind == RunKind.SEARCH]
         failed = sum(1 for r in searches if r.outcome in RECIPE_FAILURES)
         t.add_row("launches", f"{len(searches)} ({failed} failed)")
         g = st.leader_gain()
