@@ -53,10 +53,16 @@ BROKER_SERVE_LOCK = "serve.lock"  # in BROKER_DIR
 BROKER_START_LOCK = "start.lock"  # in BROKER_DIR
 BROKER_LOG = "broker.log"  # in BROKER_DIR
 
-# What the agent may not write in its campaign (hooks/policy.py keeps the same names; a test keeps them equal).
+# The campaign files no tool may write (the PreToolUse hook's policy and the sandbox's settings).
 PROTECTED_IN_CAMPAIGN = (
-    CAMPAIGN_FILE, POLICY_FILE, LEDGER_FILE, LEDGER_TORN_FILE, HOOKS_LOG, AUDIT_FILE, RUNS_DIR,
-    SHIPPED_DIR, BROKER_DIR, CONTROL_LOCK, SESSION_FILE, ".claude", ".mcp.json", "CLAUDE.md", "CLAUDE.local.md",
+    CAMPAIGN_FILE, POLICY_FILE, LEDGER_FILE, LEDGER_TORN_FILE, HOOKS_LOG, AUDIT_FILE, RUNS_DIR, SHIPPED_DIR,
+    BROKER_DIR,  # the broker's endpoint, token and state
+    CONTROL_LOCK,
+    SESSION_FILE,  # the launcher's record of the session it resumes
+    ".claude",
+    ".mcp.json",  # a project MCP server would run programs in the next session
+    "CLAUDE.md",  # project instructions for the next session
+    "CLAUDE.local.md",
 )
 
 
