@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from attune import ledger as ledger_mod
+from attune.campaign_paths import CAMPAIGN_FILE, CONTROL_LOCK
 from attune.spec import CampaignSpec, load_spec, spec_sha256
 from attune.state import CampaignState, load
+from attune.vocab import RunKind
 
-LOCK_NAME = ".control.lock"
+LOCK_NAME = CONTROL_LOCK
 
 
 @contextlib.contextmanager
@@ -38,13 +40,13 @@ def start(campaign_dir: Path | str, list_sha256: str | None = None,
     frozen once it starts. Raises SpecError (bad spec) or CampaignError (changed spec).
     """
     d = Path(campaign_dir)
-    spec = load_spec(d / "campaign.yaml")
-    digest = spec_sha256(d / "campaign.yaml")
+    spec = load_spec(d / CAMPAIGN_FILE)
+    digest = spec_sha256(d / CAMPAIGN_FILE)
     state, _ = load(d)
     if state.name is not None:
         if state.spec_sha256 != digest:
             raise CampaignError(
-                f"{d / 'campaign.yaml'} changed after the campaign started "
+                f"{d / CAMPAIGN_FILE} changed after the campaign started "
                 f"(pinned sha256 {state.spec_sha256}, now {digest}); a campaign's spec is frozen"
             )
         return spec, state
@@ -166,7 +168,7 @@ def _append_stop(campaign_dir: Path | str, levers: list[str | None], text: str |
         raise RecordError(f"the campaign's leader is {actual!r}, not {leader!r}")
     from attune import search_rules
 
-    spec = load_spec(Path(campaign_dir) / "campaign.yaml")
+    spec = load_spec(Path(campaign_dir) / CAMPAIGN_FILE)
     refusals = search_rules.stop_refusals(spec, state, [lv for lv in levers if lv])
     if refusals:
         ledger_mod.Ledger(campaign_dir).append("stop_refused", {
@@ -174,7 +176,7 @@ def _append_stop(campaign_dir: Path | str, levers: list[str | None], text: str |
             "levers_tested": levers, "diagnosis": text,
         })
         raise StopRefused(refusals)
-    tested = sorted({r.lever for r in state.runs.values() if r.kind == "search" and r.lever})
+    tested = sorted({r.lever for r in state.runs.values() if r.kind == RunKind.SEARCH and r.lever})
     return ledger_mod.Ledger(campaign_dir).append(
         "stop_recorded",
         {

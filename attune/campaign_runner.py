@@ -34,6 +34,7 @@ from attune.state import CampaignState, RunState, load
 from attune.tuners.base import Candidate, Outcome, split_changes
 from attune.tuners.driver import drive
 from attune.tuners.factory import BUILT_IN, make_tuner
+from attune.vocab import RunKind, RunOutcome, Verdict
 
 TUNERS = ("claude", *BUILT_IN)
 MAX_REFUSED_CALIBRATIONS = 5  # refused calibration launches in a row before the runner gives up
@@ -68,7 +69,7 @@ def describe_row(row: ledger_mod.Row, state: CampaignState) -> str | None:
         run = state.runs.get(d["run_id"])
         tps = d.get("tokens_per_s_per_gpu")
         cal = state.calibration
-        g = f" ({tps / cal.mean - 1:+.1%})" if tps and cal and run and run.kind == "search" else ""
+        g = f" ({tps / cal.mean - 1:+.1%})" if tps and cal and run and run.kind == RunKind.SEARCH else ""
         out = run.outcome if run else "?"
         val = f"{tps:,.1f} tokens/s/GPU{g}" if tps else "no measurement"
         return f"  {d['run_id']}: {out}, {val}, {d.get('verdict')}"
@@ -130,8 +131,8 @@ class ReplayPlane:
         self.gen = RunGenerator(spec)
         self.done: dict[str, RunState] = {
             r.recipe_key: r for r in state.runs.values()
-            if r.kind == "search" and r.status == "finished" and r.recipe_key and not r.profile
-            and r.outcome != "infrastructure"}
+            if r.kind == RunKind.SEARCH and r.status == "finished" and r.recipe_key and not r.profile
+            and r.outcome != RunOutcome.INFRASTRUCTURE}
         self.replayed = 0
 
     def _key(self, cand: Candidate) -> str | None:
@@ -148,7 +149,7 @@ class ReplayPlane:
             self.replayed += 1
             return Outcome(run_id=run.run_id, outcome=run.outcome or "failed",
                            tokens_per_s_per_gpu=run.tokens_per_s_per_gpu, valid=bool(run.valid),
-                           promoted=run.verdict == "leader", reason="replayed from the ledger",
+                           promoted=run.verdict == Verdict.LEADER, reason="replayed from the ledger",
                            extra={"replayed": True, "verdict": run.verdict})
         return self.inner.evaluate(candidate, prune_below)
 
@@ -324,16 +325,16 @@ class CampaignRunner:
             st = self.state()
             if st.calibration is not None or st.failed is not None:
                 return
-            done = [r for r in st.runs.values() if r.kind == "calibration" and r.status == "finished"]
-            failed = [r for r in done if r.outcome != "ok"]
-            invalid = [r for r in done if r.outcome == "ok" and not r.valid]
+            done = [r for r in st.runs.values() if r.kind == RunKind.CALIBRATION and r.status == "finished"]
+            failed = [r for r in done if r.outcome != RunOutcome.OK]
+            invalid = [r for r in done if r.outcome == RunOutcome.OK and not r.valid]
             if len(failed) > required or len(invalid) > 3 * required:
                 last = (failed or invalid)[-1]
                 raise RunnerError(
                     f"the baseline failed {len(failed)} and measured invalid {len(invalid)} calibration runs (last: "
                     f"{last.run_id} {last.outcome}: {last.reason}; {'; '.join(last.invalid_reasons)}); fix the recipe "
                     "or the machine's load")
-            open_ = [r for r in st.in_flight if r.kind == "calibration"]
+            open_ = [r for r in st.in_flight if r.kind == RunKind.CALIBRATION]
             want = required - len(st.calibration_values) - len(open_)
             room = spec.budget.concurrency - len(st.in_flight)
             for _ in range(max(0, min(want, room))):
@@ -359,7 +360,7 @@ class CampaignRunner:
         if st.stop is not None or st.failed is not None:
             return
         # Runs admitted before an interruption finish first (the broker watches them), so replay sees them.
-        st = self._wait(lambda s: not any(r.kind == "search" for r in s.in_flight), "runs in flight")
+        st = self._wait(lambda s: not any(r.kind == RunKind.SEARCH for r in s.in_flight), "runs in flight")
         if st.stop is not None:
             return
         tuner = make_tuner(spec, self.tuner_name, self.seed, self.max_passes)

@@ -15,8 +15,6 @@ DENSE_PEAK_FLOPS: dict[str, dict[str, float]] = {
     "GB200": {"bf16": 2450 * TFLOPS, "fp16": 2450 * TFLOPS, "fp8": 4900 * TFLOPS},
 }
 
-MEMORY_GB: dict[str, float] = {"H100": 80.0, "H200": 141.0, "B200": 180.0, "GB200": 186.0}
-
 
 def peak_flops(accelerator: str, precision: str) -> float | None:
     """Dense peak FLOP/s of an accelerator at a precision; None where unknown (e.g. a CPU)."""

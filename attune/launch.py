@@ -39,13 +39,14 @@ from pydantic import BaseModel, ConfigDict, Field
 import attune
 from attune import ledger as ledger_mod
 from attune.campaign import campaign_lock
+from attune.campaign_paths import CAMPAIGN_FILE, RUN_JOB, RUN_LOG, RUNS_DIR
+from attune.job import JobSpec
 from attune.measure import gpu_hours
-from attune.rungen import Candidate, Changes, ResolvedJob, RunGenerator, RunGenError, parse_changes
+from attune.rungen import Candidate, Changes, RunGenerator, RunGenError, parse_changes
 from attune.spec import CampaignSpec, load_spec, spec_sha256
 from attune.state import BudgetState, CampaignState, RunState, fold
+from attune.vocab import STOPPED_OUTCOMES, RunKind, RunOutcome, Verdict
 
-RUNS_DIR = "runs"
-FAILED_OUTCOMES = ("oom", "hang", "crash", "infrastructure")
 EARLY_ABORT_STEPS = 4  # measured steps before an early abort may judge a run
 SOURCE_ROOT = Path(attune.__file__).resolve().parents[1]
 
@@ -132,7 +133,7 @@ class Admission:
     retry_of: str | None = None
     exclude_nodes: list[str] = field(default_factory=list)
     recipe_key: str | None = None
-    job: ResolvedJob | None = None
+    job: JobSpec | None = None
     gate: dict[str, Any] | None = None
     budget: dict[str, Any] | None = None
     items: list[str] = field(default_factory=list)  # what a refusal lacks (the search rules' missing items)
@@ -284,8 +285,8 @@ class Control:
 
     def __init__(self, campaign_dir: Path | str) -> None:
         self.dir = Path(campaign_dir).resolve()
-        self.spec: CampaignSpec = load_spec(self.dir / "campaign.yaml")
-        self.spec_sha256 = spec_sha256(self.dir / "campaign.yaml")
+        self.spec: CampaignSpec = load_spec(self.dir / CAMPAIGN_FILE)
+        self.spec_sha256 = spec_sha256(self.dir / CAMPAIGN_FILE)
         self.ledger = ledger_mod.Ledger(self.dir)
         self.gen = RunGenerator(self.spec)
         problems = self.gen.check_baseline()
@@ -296,7 +297,7 @@ class Control:
             raise ControlError(f"campaign {self.dir} has not started (run `attune init {self.dir}` first)")
         if state.spec_sha256 != self.spec_sha256:
             raise ControlError(
-                f"{self.dir / 'campaign.yaml'} changed after the campaign started (pinned sha256 "
+                f"{self.dir / CAMPAIGN_FILE} changed after the campaign started (pinned sha256 "
                 f"{state.spec_sha256}, now {self.spec_sha256}); a campaign's spec is frozen"
             )
         wd = self.spec.control.workdir
@@ -350,7 +351,7 @@ class Control:
         with campaign_lock(self.dir):
             state = self.state()
             try:
-                if spec_sha256(self.dir / "campaign.yaml") != self.spec_sha256:
+                if spec_sha256(self.dir / CAMPAIGN_FILE) != self.spec_sha256:
                     raise RunGenError("spec_changed", (
                         "campaign.yaml changed after the campaign started; its spec is frozen (restore it)"))
                 decision = self._decide(state, request)
@@ -432,7 +433,7 @@ class Control:
             decision.budget = self.state().budget.as_dict()
             return decision
 
-    def _with_workload_python(self, job: ResolvedJob) -> ResolvedJob:
+    def _with_workload_python(self, job: JobSpec) -> JobSpec:
         """The job with its command's `python` made the workload's interpreter (spec `environment`).
 
         Refuses (RunGenError `environment`, with the fix) when no interpreter at hand can import the
@@ -615,7 +616,7 @@ class Control:
         open_ = [r for r in prior if r.status != "finished"]
         if open_:
             return "refuse", f"an identical recipe is already in flight (run {open_[0].run_id})"
-        infra = [r for r in prior if r.outcome == "infrastructure"]
+        infra = [r for r in prior if r.outcome == RunOutcome.INFRASTRUCTURE]
         if len(prior) == 1 and len(infra) == 1:
             return "retry", prior[0].run_id
         last = prior[-1]
@@ -662,12 +663,12 @@ class Control:
             "time_limit_s": self.spec.control.time_limit_s,
             "request": request,
         }
-        tmp = job.run_dir / "job.json.tmp"
+        tmp = job.run_dir / (RUN_JOB + ".tmp")
         tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-        os.replace(tmp, job.run_dir / "job.json")
+        os.replace(tmp, job.run_dir / RUN_JOB)
 
     def job_doc(self, run_id: str) -> dict[str, Any]:
-        return json.loads((self.run_dir(run_id) / "job.json").read_text())
+        return json.loads((self.run_dir(run_id) / RUN_JOB).read_text())
 
     # --- lifecycle rows ---------------------------------------------------------------------
     def record_submitted(self, run_id: str, backend: str, backend_id: str) -> None:
@@ -683,18 +684,18 @@ class Control:
     # --- finishing --------------------------------------------------------------------------
     def classify(self, facts: JobFacts, score: Score) -> tuple[str, str]:
         """The run's outcome and why: the broker's own actions first, then the backend, then the log."""
-        if facts.killed_for == "hang":
-            return "hang", facts.reason or "no log progress: killed by the broker's watchdog"
-        if facts.killed_for == "cancelled":
-            return "cancelled", facts.reason or "cancelled through the broker"
-        if facts.killed_for == "pruned":
-            return "pruned", facts.reason or "stopped early: slower than the early-abort threshold"
+        if facts.killed_for == RunOutcome.HANG:
+            return RunOutcome.HANG, facts.reason or "no log progress: killed by the broker's watchdog"
+        if facts.killed_for == RunOutcome.CANCELLED:
+            return RunOutcome.CANCELLED, facts.reason or "cancelled through the broker"
+        if facts.killed_for == RunOutcome.PRUNED:
+            return RunOutcome.PRUNED, facts.reason or "stopped early: slower than the early-abort threshold"
         if facts.state == "infrastructure":
-            return "infrastructure", facts.reason or "the backend reports an infrastructure failure"
+            return RunOutcome.INFRASTRUCTURE, facts.reason or "the backend reports an infrastructure failure"
         if facts.state == "timeout":
-            return "hang", facts.reason or "the backend's time limit"
+            return RunOutcome.HANG, facts.reason or "the backend's time limit"
         if facts.state == "cancelled":
-            return "cancelled", facts.reason or "cancelled outside the broker"
+            return RunOutcome.CANCELLED, facts.reason or "cancelled outside the broker"
         return score.failure_class, score.failure_reason
 
     def finish(self, run_id: str, facts: JobFacts) -> dict[str, Any]:
@@ -707,17 +708,17 @@ class Control:
             if run.status == "finished":
                 return {"run_id": run_id, "outcome": run.outcome, "already_finished": True}
             started = facts.started_at if facts.started_at is not None else run.started_at
-            if facts.killed_for in ("cancelled", "pruned") and started is None:
+            if facts.killed_for in STOPPED_OUTCOMES and started is None:
                 score = Score(None, False, ["cancelled before it started"], "ok", "cancelled before it started")
             else:
-                score = score_run(self.spec, self.run_dir(run_id) / "log.txt", exit_code=facts.exit_code,
+                score = score_run(self.spec, self.run_dir(run_id) / RUN_LOG, exit_code=facts.exit_code,
                                   seconds_since_progress=facts.seconds_since_progress)
             outcome, reason = self.classify(facts, score)
             ended = facts.ended_at if facts.ended_at is not None else time.time()
             charge = gpu_hours(self.spec.cluster.gpus, ended - started) if started is not None else 0.0
             recipe_failure = False
-            charged_to = "final" if run.kind == "remeasure" else "budget"
-            if outcome == "infrastructure":
+            charged_to = "final" if run.kind == RunKind.REMEASURE else "budget"
+            if outcome == RunOutcome.INFRASTRUCTURE:
                 if run.retry_of is None:
                     charged_to = "infra"
                 else:
@@ -740,16 +741,16 @@ class Control:
             out: dict[str, Any] = {"run_id": run_id, "outcome": outcome, "reason": reason, "verdict": verdict,
                                    "charge_gpu_hours": _round(charge), "charged_to": charged_to,
                                    "tokens_per_s_per_gpu": score.tokens_per_s_per_gpu, "valid": score.valid}
-            ok = outcome == "ok" and score.valid and score.tokens_per_s_per_gpu is not None
-            if run.kind == "calibration" and ok:
+            ok = outcome == RunOutcome.OK and score.valid and score.tokens_per_s_per_gpu is not None
+            if run.kind == RunKind.CALIBRATION and ok:
                 self.ledger.append("calibration_run", {"run_id": run_id,
                                                        "tokens_per_s_per_gpu": score.tokens_per_s_per_gpu})
                 self._maybe_set_budget()
-            elif run.kind in ("check", "remeasure"):
+            elif run.kind in (RunKind.CHECK, RunKind.REMEASURE):
                 from attune.shipping import record_final_run
 
                 out.update(record_final_run(self, run_id))
-            elif run.kind == "search" and verdict == "leader":
+            elif run.kind == RunKind.SEARCH and verdict == Verdict.LEADER:
                 state = self.state()
                 prev_id, prev = state.leader_run_id, state.leader_tokens_per_s_per_gpu
                 cal = state.calibration
@@ -763,23 +764,23 @@ class Control:
             return out
 
     def _verdict(self, state: CampaignState, run: RunState, outcome: str, score: Score) -> str:
-        if outcome in ("cancelled", "pruned"):
+        if outcome in STOPPED_OUTCOMES:
             return outcome
-        if outcome != "ok":
-            return "failed"
+        if outcome != RunOutcome.OK:
+            return Verdict.FAILED
         if not score.valid or score.tokens_per_s_per_gpu is None:
-            return "invalid"
-        if run.kind != "search":
+            return Verdict.INVALID
+        if run.kind != RunKind.SEARCH:
             return run.kind
         cal = state.calibration
         lead = state.leader_tokens_per_s_per_gpu
         if cal is None or lead is None:
-            return "uncalibrated"
+            return Verdict.UNCALIBRATED
         if state.would_promote(score.tokens_per_s_per_gpu):
-            return "leader"
+            return Verdict.LEADER
         if score.tokens_per_s_per_gpu >= lead * (1.0 - cal.band):
-            return "within_band"
-        return "slower"
+            return Verdict.WITHIN_BAND
+        return Verdict.SLOWER
 
     def _maybe_set_budget(self) -> None:
         """Once calibration is complete: the budget (default a multiple of one run) and the check reserve."""

@@ -29,9 +29,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from attune.campaign_paths import SESSION_FILE
 from attune.state import CampaignState, load
 
-SESSION_FILE = "session.json"
 STOP_HOOK_BLOCK_CAP = "1000"  # Claude Code's default is 8 consecutive blocks
 PLUGIN_SERVERS = ("broker", "metrics", "traces", "gate")
 GOAL = (
@@ -43,10 +43,6 @@ RESUME_PROMPT = (
     "Continue the attune campaign in this directory where it left off: read its state from the "
     "campaign status tool, then carry on with the campaign loop of the attune skill."
 )
-
-
-def campaign_done(state: CampaignState) -> bool:
-    return (state.stop is not None or state.budget.spent) and state.shipped is not None and not state.in_flight
 
 
 def agent_done(state: CampaignState) -> bool:

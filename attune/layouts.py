@@ -270,16 +270,6 @@ def find_model(name: str, models: Mapping[str, ModelDims] | None = None) -> Mode
     raise LayoutError(f"unknown model {name!r}; known: {sorted(m.name for m in models.values())}")
 
 
-def model_names(models: Mapping[str, ModelDims] | None = None) -> list[str]:
-    """Every name and alias of the known models."""
-    models = models if models is not None else load_models()
-    out: list[str] = []
-    for m in models.values():
-        out.append(m.name)
-        out.extend(m.aliases)
-    return out
-
-
 # --------------------------------------------------------------------------- pipeline splits
 
 

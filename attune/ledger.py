@@ -67,8 +67,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-LEDGER_NAME = "ledger.jsonl"
-TORN_NAME = "ledger.torn"
+from attune.campaign_paths import LEDGER_FILE, LEDGER_TORN_FILE
+
+LEDGER_NAME = LEDGER_FILE
+TORN_NAME = LEDGER_TORN_FILE
 GENESIS = "0" * 64
 KEY_BYTES = 32
 MAX_ROW_BYTES = 4 * 2**20  # no writer makes a longer row

@@ -54,7 +54,12 @@ ACCELERATOR_GIB = {
     "h200": 143771 / 1024,
     "b200": 183359 / 1024,
 }
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act")
+# Megatron's selective-recompute modules (`--recompute-modules`; megatron/core/transformer/
+# transformer_config.py `recompute_modules`).
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts", "mla_up_proj")
+# The ones whose saving this estimate models; the others are accepted and save nothing here (the
+# estimate errs high).
+MODELLED_RECOMPUTE_MODULES = RECOMPUTE_MODULES[:5]
 
 
 @dataclass

@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from attune import ledger as ledger_mod
+from attune.campaign_paths import CAMPAIGN_FILE, REPORT_HTML, REPORT_MD
 from attune.hardware import peak_flops
 from attune.measure import cost_per_million_tokens, gain, mfu, payback_days
 from attune.state import CampaignState, fold
+from attune.vocab import RECIPE_FAILURES, RunKind
 
 
 @dataclass
@@ -82,7 +84,7 @@ def _spec_facts(campaign_dir: Path) -> dict[str, Any]:
     try:
         from attune.spec import load_spec
 
-        spec = load_spec(campaign_dir / "campaign.yaml")
+        spec = load_spec(campaign_dir / CAMPAIGN_FILE)
     except Exception:  # a report is still useful without the spec
         return {}
     return {
@@ -140,8 +142,8 @@ def build(campaign_dir: Path | str) -> Report:
             shipped_tps = float(shipped["tokens_per_s_per_gpu"])
     g = gain(shipped_tps, baseline_tps) if shipped_tps and baseline_tps else None
 
-    searches = [r for r in state.runs.values() if r.kind == "search"]
-    failed = [r for r in searches if r.outcome in ("oom", "hang", "crash")]
+    searches = [r for r in state.runs.values() if r.kind == RunKind.SEARCH]
+    failed = [r for r in searches if r.outcome in RECIPE_FAILURES]
     used = state.budget.charged
     h = Headline(
         name=state.name,
@@ -375,7 +377,7 @@ code {{ font-size: 12px; }}
 def write(campaign_dir: Path | str) -> tuple[Path, Path, Report]:
     d = Path(campaign_dir)
     r = build(d)
-    md, page = d / "report.md", d / "report.html"
+    md, page = d / REPORT_MD, d / REPORT_HTML
     for path, text in ((md, to_markdown(r)), (page, to_html(r))):
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text(text, encoding="utf-8")

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attune.job import JobSpec
 from attune.spec import ArgValue, CampaignSpec, is_env_name
 
 # The flags that pin the workload's shape, per framework: (sequence length, global batch, steps).
@@ -78,20 +79,6 @@ class Changes:
     @property
     def empty(self) -> bool:
         return not self.args and not self.env
-
-
-@dataclass(frozen=True)
-class ResolvedJob:
-    """A job, fully resolved: what the backend runs."""
-
-    argv: tuple[str, ...]
-    env: dict[str, str]
-    args: dict[str, ArgValue]  # the final arguments: candidate + profiling + stack fixes, placeholders filled
-    gpus: int
-    gpus_per_node: int
-    image: str | None
-    workdir: Path
-    run_dir: Path
 
 
 @dataclass(frozen=True)
@@ -370,7 +357,8 @@ class RunGenerator:
             out["--profile-ranks"] = " ".join(str(s * (gpus // pp)) for s in range(pp))
         return out
 
-    def resolve(self, cand: Candidate, run_dir: Path, workdir: Path) -> ResolvedJob:
+    def resolve(self, cand: Candidate, run_dir: Path, workdir: Path) -> JobSpec:
+        """The job that runs `cand` in `run_dir` (its name is the job's id)."""
         ctx = self.placeholders(run_dir)
         args: dict[str, ArgValue] = dict(cand.args)
         args.update(self.trusted_args(cand.profile))
@@ -383,7 +371,9 @@ class RunGenerator:
         command = [substitute(part, ctx) for part in self.baseline.command]
         argv = tuple(command + render_args(args))
         c = self.spec.cluster
-        return ResolvedJob(argv, env, args, c.gpus, c.gpus_per_node, self.baseline.image, workdir, run_dir)
+        return JobSpec(job_id=run_dir.name, campaign=self.spec.name, argv=argv, env=env, workdir=workdir,
+                       run_dir=run_dir, gpus=c.gpus, gpus_per_node=c.gpus_per_node,
+                       time_limit_s=self.spec.control.time_limit_s, image=self.baseline.image, args=args)
 
     # --- the pinned shape -------------------------------------------------------------------
     def steps_flag(self) -> str | None:
@@ -410,7 +400,7 @@ class RunGenerator:
         args = {**cand.args, flag: steps}
         return Candidate(cand.changes, args, dict(cand.env), cand.profile, self.recipe_key(args, cand.env, cand.profile))
 
-    def check_shape(self, job: ResolvedJob, profile: bool, steps: int | None = None) -> list[str]:
+    def check_shape(self, job: JobSpec, profile: bool, steps: int | None = None) -> list[str]:
         """Problems of a resolved job against the campaign's pinned shape (empty: it conforms)."""
         problems: list[str] = []
         c = self.spec.cluster

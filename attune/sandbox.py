@@ -35,21 +35,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PROTECTED_IN_CAMPAIGN", "settings", "settings_json", "unavailable"]
+from attune.campaign_paths import BROKER_DIR, CAMPAIGN_FILE, NOTES_DIR, POLICY_FILE, PROTECTED_IN_CAMPAIGN
 
-NOTES_DIR = "notes"
-CAMPAIGN_FILE = "campaign.yaml"
-# The same names as hooks/policy.py's PROTECTED_IN_CAMPAIGN (a test keeps them equal): the hooks are
-# not an importable package where attune is installed.
-PROTECTED_IN_CAMPAIGN = (
-    "campaign.yaml", "policy.yaml", "ledger.jsonl", "ledger.torn", "hooks.log.jsonl", "audit.jsonl", "runs",
-    "shipped", ".broker", ".control.lock", "session.json", ".claude", ".mcp.json", "CLAUDE.md", "CLAUDE.local.md",
-)
+__all__ = ["PROTECTED_IN_CAMPAIGN", "settings", "settings_json", "unavailable"]
 
 
 def _policy_file(campaign: Path, root: Path) -> dict[str, list[str]]:
     """policy.yaml's extensions, read by the hooks' own reader (hooks/runtime.py of the plugin)."""
-    if not (campaign / "policy.yaml").is_file():
+    if not (campaign / POLICY_FILE).is_file():
         return {}
     import importlib.util
 
@@ -148,7 +141,7 @@ def settings(campaign_dir: Path | str, plugin_root: Path | str | None = None) ->
     from attune.ledger import keys_dir
 
     keys = keys_dir()  # the password database's home: the same place the broker files the keys under
-    deny_read = [str(campaign / ".broker"), str(state), str(keys)]
+    deny_read = [str(campaign / BROKER_DIR), str(state), str(keys)]
     plugin_allow, plugin_deny = _plugin_writes(root, campaign)
     allow_write += plugin_allow
     deny_write |= plugin_deny

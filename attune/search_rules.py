@@ -34,6 +34,7 @@ from typing import Any
 
 from attune.spec import CampaignSpec
 from attune.state import CampaignState, RunState
+from attune.vocab import RunKind, RunOutcome, Verdict
 
 ArgValue = Any
 LAYOUT_FLAGS = {
@@ -262,8 +263,8 @@ def check_one_lever(spec: CampaignSpec, state: CampaignState, args: Mapping[str,
 
 
 def _search_runs(state: CampaignState) -> list[RunState]:
-    return [r for r in state.runs.values() if r.kind == "search" and r.status == "finished"
-            and r.outcome not in ("cancelled", "infrastructure")]
+    return [r for r in state.runs.values() if r.kind == RunKind.SEARCH and r.status == "finished"
+            and r.outcome not in (RunOutcome.CANCELLED, RunOutcome.INFRASTRUCTURE)]
 
 
 def _launched_names(spec: CampaignSpec, state: CampaignState) -> dict[str, set[str]]:
@@ -427,7 +428,7 @@ def stop_refusals(spec: CampaignSpec, state: CampaignState, levers_tested: list[
     leader_save = memory_savings(l_args)
     open5: list[str] = []
     for r in runs:
-        if r.outcome != "oom":
+        if r.outcome != RunOutcome.OOM:
             continue
         a, e = full[r.run_id]
         key = layout_key(a, gpus)
@@ -445,7 +446,7 @@ def stop_refusals(spec: CampaignSpec, state: CampaignState, levers_tested: list[
             if layout_key(oa, gpus) != key:
                 continue
             osave = memory_savings(oa)
-            if o.outcome == "ok" or osave[0] > save[0] or osave[1] > save[1]:
+            if o.outcome == RunOutcome.OK or osave[0] > save[0] or osave[1] > save[1]:
                 retried = True
                 break
         if not retried:
@@ -461,7 +462,7 @@ def stop_refusals(spec: CampaignSpec, state: CampaignState, levers_tested: list[
     layout_flags = set(LAYOUT_FLAGS.values()) | {
         "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--sequence-parallel"}
     open6: list[str] = []
-    winners = [r for r in runs if r.verdict == "leader" and r.run_id != state.leader_run_id]
+    winners = [r for r in runs if r.verdict == Verdict.LEADER and r.run_id != state.leader_run_id]
     for w in winners:
         wa, we = full[w.run_id]
         if layout_key(wa, gpus) == final_key:

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attune.campaign import campaign_lock
+from attune.campaign_paths import RUN_JOB, RUN_LOG, SHIPPED_DIR, SHIPPED_EVIDENCE
 from attune.measure import beats, gain
 from attune.rungen import Changes, render_value, substitute
 from attune.state import CampaignState, RunState
@@ -63,7 +64,6 @@ MAX_CANDIDATES = 3
 REPEATS = 2
 MAX_EXTRA_REPEATS = 2  # re-runs of a repeat without a valid measurement, per recipe
 MAX_REFERENCE_ATTEMPTS = 2
-SHIPPED_DIR = "shipped"
 
 
 @dataclass(frozen=True)
@@ -309,7 +309,6 @@ def _job_env(control: Control, run_id: str) -> dict[str, str]:
 def evaluate_check(control: Control, state: CampaignState, run: RunState, ref: RunState | None) -> dict[str, Any]:
     """The gate's verdict on one candidate's check run, against the baseline's reference run."""
     from attune.launch import load_gate_list
-    from gate import logparse
     from gate.config_check import check_resolved
     from gate.convergence import loss_deviation
     from gate.judge import judge
@@ -322,13 +321,13 @@ def evaluate_check(control: Control, state: CampaignState, run: RunState, ref: R
         return {**data, "passed": False, "reason": f"the check run did not finish well ({run.outcome}: {run.reason})"}
     if ref is None:
         return {**data, "passed": False, "reason": "no reference run of the baseline"}
-    cand_log = control.run_dir(run.run_id) / "log.txt"
-    ref_log = control.run_dir(ref.run_id) / "log.txt"
+    cand_log = control.run_dir(run.run_id) / RUN_LOG
+    ref_log = control.run_dir(ref.run_id) / RUN_LOG
     try:
         loaded = load_gate_list(control.spec, control.dir, state.list_sha256)
     except (ListError, OSError) as exc:
         return {**data, "passed": False, "reason": f"the correctness list cannot be used: {exc}"}
-    b_res, c_res = logparse.read_resolved_args(ref_log), logparse.read_resolved_args(cand_log)
+    b_res, c_res = _resolved_args(state, ref_log), _resolved_args(state, cand_log)
     if not c_res or not b_res:
         l1: dict[str, Any] = {"passed": False, "summary": "no resolved arguments block in the check run's log",
                               "refusals": []}
@@ -337,9 +336,9 @@ def evaluate_check(control: Control, state: CampaignState, run: RunState, ref: R
         l1 = {"passed": r1.passed, "summary": r1.summary(), "refusals": [x.model_dump() for x in r1.refusals],
               "list_sha256": r1.list_sha256}
     b_curve, c_curve = _losses(state, ref_log), _losses(state, cand_log)
-    noise_runs = [(r.run_id, "replicate", _losses(state, control.run_dir(r.run_id) / "log.txt"))
+    noise_runs = [(r.run_id, "replicate", _losses(state, control.run_dir(r.run_id) / RUN_LOG))
                   for r in replicate_runs(state)]
-    noise_runs += [(rid, "calibration", _losses(state, control.run_dir(rid) / "log.txt"))
+    noise_runs += [(rid, "calibration", _losses(state, control.run_dir(rid) / RUN_LOG))
                    for rid in state.calibration_run_ids]
     g = judge(b_curve, c_curve, replicates=[x for x in noise_runs if x[2]],
               noise_config=config_for(precision_of(b_res or {})))
@@ -366,13 +365,22 @@ def evaluate_check(control: Control, state: CampaignState, run: RunState, ref: R
 
 def _losses(state: CampaignState, log: Path) -> dict[int, float | None]:
     """A run's loss per iteration, read with the campaign's framework reader; empty if unreadable."""
-    from attune.metrics import get_parser
+    from attune.metrics import read_losses
 
     try:
-        parsed = get_parser(state.framework or "megatron-lm").read(log)
+        return read_losses(log, state.framework or "megatron-lm")
     except (OSError, ValueError):
         return {}
-    return {it: rec.loss for it, rec in parsed.steps.items()}
+
+
+def _resolved_args(state: CampaignState, log: Path) -> dict[str, str]:
+    """A run's resolved arguments, read with the campaign's framework reader; empty if the log has none."""
+    from attune.metrics import read_resolved_args
+
+    try:
+        return read_resolved_args(log, state.framework or "megatron-lm")
+    except (OSError, ValueError):
+        return {}
 
 
 def record_final_run(control: Control, run_id: str) -> dict[str, Any]:
@@ -410,7 +418,7 @@ def advance(control: Control, backend: Any = None) -> Admission | None:
     elif action.kind == "fail":
         fail(control, action.reason, backend)
     elif action.kind == "done":
-        path = control.dir / SHIPPED_DIR / "evidence.json"
+        path = control.dir / SHIPPED_DIR / SHIPPED_EVIDENCE
         try:
             complete = bool(json.loads(path.read_text()).get("remeasurement", {}).get("complete"))
         except (OSError, ValueError):
@@ -490,7 +498,7 @@ def write_shipped(control: Control, state: CampaignState, backend: Any = None) -
     args = {k: substitute(v, placeholders) if isinstance(v, str) else v
             for k, v in {**cand.args, **control.gen.trusted_args(False)}.items()}
     env = {**cand.env, **spec.control.stack_fixes.env}
-    _write(out / "job.json", json.dumps({
+    _write(out / RUN_JOB, json.dumps({
         "campaign": spec.name, "shipped": run_id, "changes": changes.as_dict(),
         "argv": list(job.argv), "args": job.args, "env": job.env, "gpus": job.gpus,
         "gpus_per_node": job.gpus_per_node, "image": job.image, "workdir": str(job.workdir),
@@ -525,13 +533,11 @@ def write_shipped(control: Control, state: CampaignState, backend: Any = None) -
     lines.append("exec " + " \\\n    ".join(parts))
     _write(out / "run.sh", "\n".join(lines) + "\n", mode=0o755)
     if backend is not None and spec.cluster.backend != "local":
-        from broker.backends.base import JobSpec
+        from dataclasses import replace
 
-        js = JobSpec(job_id=f"{spec.name}-shipped", campaign=spec.name, argv=job.argv, env=job.env,
-                     workdir=job.workdir, run_dir=run_dir, gpus=job.gpus, gpus_per_node=job.gpus_per_node,
-                     time_limit_s=spec.control.time_limit_s, image=job.image)
+        js = replace(job, job_id=f"{spec.name}-shipped")
         _write(out / f"job.{spec.cluster.backend}.sh", backend.render(js))
-    _write(out / "evidence.json", json.dumps(evidence(control, state), indent=2, default=str) + "\n")
+    _write(out / SHIPPED_EVIDENCE, json.dumps(evidence(control, state), indent=2, default=str) + "\n")
     return out
 
 

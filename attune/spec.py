@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from attune.bounded import BoundedSafeLoader, InputError, check_strings, read_bytes, read_text
+from attune.campaign_paths import CAMPAIGN_FILE
 
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "campaign.schema.json"
 
@@ -476,7 +477,7 @@ def load_spec(path: Path | str) -> CampaignSpec:
     """Read and validate a campaign.yaml (or a campaign directory holding one)."""
     p = Path(path)
     if p.is_dir():
-        p = p / "campaign.yaml"
+        p = p / CAMPAIGN_FILE
     if not os.path.lexists(p):
         raise SpecError(p, [("(file)", "no such file")])
     try:
@@ -502,7 +503,7 @@ def spec_sha256(path: Path | str) -> str:
     """SHA-256 of the spec file's bytes, pinned in the ledger when the campaign starts."""
     p = Path(path)
     if p.is_dir():
-        p = p / "campaign.yaml"
+        p = p / CAMPAIGN_FILE
     return hashlib.sha256(read_bytes(p, "campaign spec", MAX_SPEC_BYTES)).hexdigest()
 
 

@@ -36,6 +36,7 @@ from typing import Any
 
 from attune import ledger as ledger_mod
 from attune.measure import Calibration, beats, calibrate, gain
+from attune.vocab import RECIPE_FAILURES, RunKind, Verdict
 
 CHECK_KINDS = frozenset({"check"})
 
@@ -357,7 +358,7 @@ class CampaignState:
         self.leader_run_id = d["run_id"]
         self.leader_tokens_per_s_per_gpu = float(d["tokens_per_s_per_gpu"])
         if d["run_id"] in self.runs:
-            self.runs[d["run_id"]].verdict = "leader"
+            self.runs[d["run_id"]].verdict = Verdict.LEADER
 
     def _on_assumption_recorded(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
         self.assumptions.append({"seq": row.seq, "ts": row.ts, **d})
@@ -423,7 +424,7 @@ class CampaignState:
             "in_flight": [r.run_id for r in self.in_flight],
             "launches": sum(1 for r in self.runs.values() if r.kind == "search"),
             "failed_launches": sum(
-                1 for r in self.runs.values() if r.kind == "search" and r.outcome in ("oom", "hang", "crash")
+                1 for r in self.runs.values() if r.kind == RunKind.SEARCH and r.outcome in RECIPE_FAILURES
             ),
             "launches_refused": self.launches_refused,
             "assumptions": list(self.assumptions),

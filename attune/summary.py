@@ -16,10 +16,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from attune.campaign_paths import CAMPAIGN_FILE, NOTES_DIR, SUMMARY_FILE
 from attune.spec import CampaignSpec, load_spec
 from attune.state import CampaignState, load
+from attune.vocab import RunKind, RunOutcome, Verdict
 
-SUMMARY = Path("notes") / "summary.md"
+SUMMARY = Path(NOTES_DIR) / SUMMARY_FILE
 HISTORY_ENV = "ATTUNE_HISTORY_DIR"
 
 
@@ -48,17 +50,17 @@ def render(spec: CampaignSpec, st: CampaignState) -> str:
                  + (f" ({_changes(st.runs[shipped].changes)})" if shipped in st.runs else ""))
     if gain is not None:
         lines.append(f"- Leader at the stop: {st.leader_run_id}, {gain:+.1%} over the baseline during the search")
-    search = [r for r in st.runs.values() if r.kind == "search" and r.status == "finished"]
-    winners = [r for r in search if r.verdict == "leader"]
+    search = [r for r in st.runs.values() if r.kind == RunKind.SEARCH and r.status == "finished"]
+    winners = [r for r in search if r.verdict == Verdict.LEADER]
     lines += ["", "## Winners (in order)", ""]
     lines += [f"- {r.run_id}: {_changes(r.changes)} -> {r.tokens_per_s_per_gpu:,.1f} tokens/s/GPU"
               for r in winners if r.tokens_per_s_per_gpu] or ["- none beat the baseline by more than the band"]
     lines += ["", "## Losers and failures", ""]
     for r in search:
-        if r.verdict == "leader":
+        if r.verdict == Verdict.LEADER:
             continue
-        why = r.outcome if r.outcome != "ok" else (r.verdict or "measured")
-        reason = " ".join(str(r.reason or "").split())[:160] if r.outcome != "ok" else ""
+        why = r.outcome if r.outcome != RunOutcome.OK else (r.verdict or "measured")
+        reason = " ".join(str(r.reason or "").split())[:160] if r.outcome != RunOutcome.OK else ""
         lines.append(f"- {r.run_id}: {_changes(r.changes)} -> {why}" + (f" ({reason})" if reason else ""))
     if st.diagnoses:
         lines += ["", "## Diagnoses", ""]
@@ -76,7 +78,7 @@ def write_summary(campaign_dir: Path | str, *, overwrite: bool = False) -> Path:
     """notes/summary.md from the ledger, unless the agent wrote one (then it is kept); copied to the history dir."""
     d = Path(campaign_dir)
     path = d / SUMMARY
-    spec = load_spec(d / "campaign.yaml")
+    spec = load_spec(d / CAMPAIGN_FILE)
     if overwrite or not path.exists():
         st, _ = load(d)
         path.parent.mkdir(parents=True, exist_ok=True)

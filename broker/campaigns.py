@@ -14,20 +14,22 @@ import logging
 import os
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from attune.campaign import record_assumption, record_stop
+from attune.campaign_paths import LEDGER_FILE, RUN_KILL_FILE, RUN_LOG
 from attune.launch import EARLY_ABORT_STEPS, Admission, Control, JobFacts, LaunchRequest
 from attune.state import CampaignState, RunState
+from attune.vocab import STOPPED_OUTCOMES, RunOutcome
 from broker.backends import get_backend
-from broker.backends.base import Backend, BackendError, BackendUnavailable, JobSpec, JobState, JobStatus
+from broker.backends.base import Backend, BackendError, BackendUnavailable, JobState, JobStatus
 from broker.files import FileAccessError, FileTree, Root, compile_pattern, read_lines, search_file, tail_lines
 
 log = logging.getLogger("attune.broker")
 
-KILL_FILE = "broker_kill.json"
+KILL_FILE = RUN_KILL_FILE
 UNSUBMITTED_GRACE_S = 30.0  # an admitted run with no submission row after this long was lost
 
 
@@ -54,7 +56,7 @@ class CampaignHandle:
         """The campaign's identity: the hash of its first ledger row (a directory deleted and made
         again under a running broker is another campaign, whose runs this broker must not touch)."""
         try:
-            with open(self.dir / "ledger.jsonl", "rb") as fh:
+            with open(self.dir / LEDGER_FILE, "rb") as fh:
                 return str(json.loads(fh.readline())["hash"])
         except (OSError, ValueError, KeyError):
             return None
@@ -82,11 +84,7 @@ class CampaignHandle:
     def _submit(self, decision: Admission, out: dict[str, Any]) -> dict[str, Any]:
         assert decision.job is not None and decision.run_id is not None
         job = decision.job
-        spec = JobSpec(
-            job_id=decision.run_id, campaign=self.name, argv=job.argv, env=job.env, workdir=job.workdir,
-            run_dir=job.run_dir, gpus=job.gpus, gpus_per_node=job.gpus_per_node,
-            time_limit_s=self.spec.control.time_limit_s, image=job.image, exclude_nodes=tuple(decision.exclude_nodes),
-        )
+        spec = replace(job, exclude_nodes=tuple(decision.exclude_nodes))
         try:
             backend_id = self.backend.submit(spec)
         except BackendError as exc:
@@ -118,7 +116,7 @@ class CampaignHandle:
 
     def log_progress(self, run: RunState, st: JobStatus | None) -> tuple[int, float | None]:
         """(log bytes, seconds since the log last grew, counted from the job's start)."""
-        path = self.control.run_dir(run.run_id) / "log.txt"
+        path = self.control.run_dir(run.run_id) / RUN_LOG
         started = (st.started_at if st else None) or run.started_at
         try:
             stat = path.stat()
@@ -203,13 +201,13 @@ class CampaignHandle:
             limit = self.spec.control.hang_timeout_s
             if idle is not None and idle >= limit:
                 detail = f"no log progress for {idle:.0f} s (limit {limit:g} s): killed by the broker's watchdog"
-                return events + [self._kill(run, "hang", detail, idle)]
+                return events + [self._kill(run, RunOutcome.HANG, detail, idle)]
             if run.prune_below is not None:
                 partial = self.partial_throughput(run.run_id)
                 if partial is not None and partial[1] >= EARLY_ABORT_STEPS and partial[0] < run.prune_below:
                     detail = (f"early abort: {partial[0]:.6g} tokens/s/GPU over {partial[1]} measured steps, below "
                               f"the threshold {run.prune_below:.6g}")
-                    return events + [self._kill(run, "pruned", detail, idle)]
+                    return events + [self._kill(run, RunOutcome.PRUNED, detail, idle)]
         return events
 
     def _kill(self, run: RunState, why: str, detail: str, idle: float | None) -> str:
@@ -224,7 +222,7 @@ class CampaignHandle:
         from attune.measure import windowed_throughput
         from attune.metrics import MetricsInputError, get_parser
 
-        path = self.control.run_dir(run_id) / "log.txt"
+        path = self.control.run_dir(run_id) / RUN_LOG
         if not path.exists():
             return None
         try:
@@ -253,7 +251,7 @@ class CampaignHandle:
 
     def cancel(self, run_id: str, why: str = "cancelled") -> dict[str, Any]:
         """Stop a run now. `why`: cancelled (by the agent) or pruned (a tuner's early abort)."""
-        if why not in ("cancelled", "pruned"):
+        if why not in STOPPED_OUTCOMES:
             raise FileAccessError("bad_request", f"reason must be cancelled or pruned, got {why!r}")
         with self._lock:
             state = self.control.state()
@@ -312,7 +310,7 @@ class CampaignHandle:
         return real, shown
 
     def read_log(self, run_id: str, tail: int | None, offset_line: int | None, max_lines: int) -> dict[str, Any]:
-        real, shown = self.run_file(run_id, "log.txt")
+        real, shown = self.run_file(run_id, RUN_LOG)
         if not real.exists():
             return {"path": shown, "size_bytes": 0, "lines": [], "note": "the job has not written a log yet"}
         if offset_line is not None:
@@ -321,7 +319,7 @@ class CampaignHandle:
 
     def search_log(self, run_id: str, pattern: str, max_results: int, regex: bool = True,
                    ignore_case: bool = False) -> dict[str, Any]:
-        real, shown = self.run_file(run_id, "log.txt")
+        real, shown = self.run_file(run_id, RUN_LOG)
         rx = compile_pattern(pattern, regex=regex, ignore_case=ignore_case)
         if not real.exists():
             return {"pattern": pattern, "matches": [], "truncated": False, "note": "no log yet"}

@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from attune.campaign_paths import BROKER_LOG, BROKER_START_LOCK, CAMPAIGN_FILE
 from broker.service import BROKER_DIR, ENDPOINT_FILE, load_or_create_token
 
 DEFAULT_IDLE_EXIT_S = 1800.0
@@ -77,19 +78,19 @@ def ensure_local_broker(campaign_dir: Path | str, *, idle_exit_s: float = DEFAUL
                         timeout_s: float = START_TIMEOUT_S) -> Endpoint:
     """A local broker serving the campaign on loopback: the running one, or a new one started now."""
     d = Path(campaign_dir).resolve()
-    if not (d / "campaign.yaml").exists():
+    if not (d / CAMPAIGN_FILE).exists():
         raise BrokerUnavailable(f"{d} holds no campaign.yaml")
     (d / BROKER_DIR).mkdir(mode=0o700, exist_ok=True)
     token = load_or_create_token(d)
     ep = running_broker(d)
     if ep:
         return Endpoint(ep["url"], token, ep.get("pid"))
-    with open(d / BROKER_DIR / "start.lock", "a+b") as lock:
+    with open(d / BROKER_DIR / BROKER_START_LOCK, "a+b") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
         ep = running_broker(d)
         if ep:
             return Endpoint(ep["url"], token, ep.get("pid"))
-        log_path = d / BROKER_DIR / "broker.log"
+        log_path = d / BROKER_DIR / BROKER_LOG
         with contextlib.suppress(OSError):
             (d / BROKER_DIR / ENDPOINT_FILE).unlink()
         with open(log_path, "ab") as log:

@@ -55,6 +55,15 @@ from starlette.routing import Route
 
 from attune.bounded import InputError, loads_json
 from attune.campaign import RecordError
+from attune.campaign_paths import (
+    AUDIT_FILE,
+    BROKER_DIR,
+    BROKER_ENDPOINT,
+    BROKER_SERVE_LOCK,
+    BROKER_TOKEN,
+    CAMPAIGN_FILE,
+    LEDGER_FILE,
+)
 from attune.launch import ControlError, LaunchRequest
 from attune.ledger import LedgerError
 from attune.spec import SpecError
@@ -65,11 +74,9 @@ from broker.files import FileAccessError
 
 log = logging.getLogger("attune.broker")
 
-BROKER_DIR = ".broker"
-TOKEN_FILE = "token"
-ENDPOINT_FILE = "endpoint.json"
-SERVE_LOCK = "serve.lock"
-AUDIT_FILE = "audit.jsonl"
+TOKEN_FILE = BROKER_TOKEN
+ENDPOINT_FILE = BROKER_ENDPOINT
+SERVE_LOCK = BROKER_SERVE_LOCK
 MAX_BODY_BYTES = 256 * 1024
 IDLE_AFTER_S = 5.0  # no request for this long, nothing in flight, ledgers unchanged: the monitor idles
 IDLE_POLL_S = 1.0  # the idle monitor's wake-up interval (a stat of each ledger; no pass)
@@ -186,7 +193,7 @@ class Broker:
         stamps = []
         for h in self.handles.values():
             try:
-                st = os.stat(h.dir / "ledger.jsonl")
+                st = os.stat(h.dir / LEDGER_FILE)
                 stamps.append((st.st_size, st.st_mtime_ns))
             except OSError:
                 stamps.append((-1, -1))
@@ -549,7 +556,7 @@ def build_broker(campaign_dirs: list[Path], state_dir: Path | None = None,
         try:
             from attune.spec import load_spec
 
-            spec = load_spec(d / "campaign.yaml")
+            spec = load_spec(d / CAMPAIGN_FILE)
             key = json.dumps([spec.cluster.backend, spec.cluster.backend_settings()], sort_keys=True, default=str)
             if key not in backends:
                 backends[key] = get_backend(spec.cluster.backend, spec.cluster.backend_settings())

@@ -38,7 +38,7 @@ from typing import Any
 from attune import measure
 from attune.layouts import pipeline_split
 from attune.memory_estimate import estimate as memory_estimate
-from attune.metrics import read_metrics
+from attune.metrics import read_losses, read_metrics, read_resolved_args
 from attune.sim.api import apply_overrides, resolve_accelerator, resolve_model
 from attune.sim.memory import memory_options
 from attune.sim.recipe import ArgValue, RecipeError, build_recipe, render_argv
@@ -49,7 +49,6 @@ from attune.tuners.driver import EARLY_ABORT_STEPS, drive
 from broker.backends.base import JobSpec, JobState
 from broker.backends.sim import SimBackend
 from gate import check_convergence, check_recipe, check_resolved, load_list
-from gate.logparse import read_losses, read_resolved_args
 
 REPO = Path(__file__).resolve().parents[1]
 CAMPAIGNS = {
@@ -499,8 +498,8 @@ def run_campaign(
     # the baseline's cached 20-step reference curve and resolved arguments (for the correctness checks)
     ref = plane.launch(base_args, "reference", steps=spec.gate.convergence_steps, charged=False)
     ref_log = root / ref.run_id / "log.txt"
-    base_losses = read_losses(ref_log)
-    base_resolved = read_resolved_args(ref_log)
+    base_losses = read_losses(ref_log, spec.framework)
+    base_resolved = read_resolved_args(ref_log, spec.framework)
     plane.reserve_gpu_hours = spec.budget.check_reserve_runs * ref.charge_gpu_hours
     prefilter = memory_prefilter(spec, space, PREFILTER_MARGIN.get(space.model, 0.1))
     tun = make_tuner(tuner, space, seed, prefilter)
@@ -520,8 +519,8 @@ def run_campaign(
         if chk.outcome != "ok":
             continue
         log = root / chk.run_id / "log.txt"
-        l1 = check_resolved(gl, base_resolved, read_resolved_args(log), spec.baseline.env, spec.baseline.env)
-        conv = check_convergence(base_losses, read_losses(log))
+        l1 = check_resolved(gl, base_resolved, read_resolved_args(log, spec.framework), spec.baseline.env, spec.baseline.env)
+        conv = check_convergence(base_losses, read_losses(log, spec.framework))
         if l1.passed and conv.passed:
             shipped, shipped_args = dict(w.changes), args
             break

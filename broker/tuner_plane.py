@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from attune.tuners.base import Candidate, Outcome, split_changes
+from attune.vocab import RunOutcome, Verdict
 from broker.client import BrokerClient
 
 
@@ -63,12 +64,12 @@ class BrokerControlPlane:
             prune_below=prune_below,
         )
         if status != 201 or not p.get("admitted"):
-            return Outcome(run_id=None, outcome="refused", reason=f"{p.get('code') or p.get('error')}: {p.get('reason')}")
+            return Outcome(run_id=None, outcome=RunOutcome.REFUSED, reason=f"{p.get('code') or p.get('error')}: {p.get('reason')}")
         run = self.client.wait(p["run_id"], timeout_s=self.run_timeout_s, interval_s=self.poll_s)
         self._diagnose(candidate, run)
         return Outcome(
             run_id=run["run_id"], outcome=run["outcome"], tokens_per_s_per_gpu=run["tokens_per_s_per_gpu"],
-            valid=bool(run["valid"]), promoted=run["verdict"] == "leader", reason=run.get("reason"),
+            valid=bool(run["valid"]), promoted=run["verdict"] == Verdict.LEADER, reason=run.get("reason"),
             extra={"verdict": run["verdict"], "charge_gpu_hours": run["charge_gpu_hours"]},
         )
 

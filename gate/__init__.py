@@ -3,7 +3,9 @@
 - :mod:`gate.lists`: per-model correctness lists (argument classes, pins, known defects).
 - :mod:`gate.config_check`: layer 1, the configuration check (recipe dry run and resolved re-check).
 - :mod:`gate.convergence`: layer 2, the convergence check of a 20-step loss curve.
-- :mod:`gate.logparse`: minimal log readers (losses by iteration, the resolved-arguments block).
+
+Training logs (losses by iteration, the resolved-arguments block) are read by the framework's reader
+in :mod:`attune.metrics` (`read_losses`, `read_resolved_args`).
 """
 
 from gate.config_check import ConfigCheckResult, check_recipe, check_resolved

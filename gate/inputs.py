@@ -14,9 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from attune import bounded
-from gate import logparse, names
+from attune.metrics import read_losses, read_resolved_args
+from gate import names
 
 MAX_CURVE_BYTES = 512 * 2**20  # a loss curve, or a training log read whole
+# The framework a training log given to the gate is read as, unless the caller names one: the gate's
+# lists name Megatron's arguments.
+DEFAULT_FRAMEWORK = "megatron-lm"
 
 
 class InputError(ValueError):
@@ -100,9 +104,9 @@ def load_recipe(path: str | Path) -> tuple[dict[str, Any], dict[str, str]]:
     return _check_args(data, str(p)), {}
 
 
-def load_resolved(path: str | Path) -> tuple[dict[str, Any], dict[str, str]]:
-    """Resolved arguments: a training log with a resolved-arguments block, or a JSON/YAML
-    ``{"args": {attribute: value}, "env": {...}}``."""
+def load_resolved(path: str | Path, framework: str = DEFAULT_FRAMEWORK) -> tuple[dict[str, Any], dict[str, str]]:
+    """Resolved arguments: a training log with a resolved-arguments block (read by `framework`'s
+    reader), or a JSON/YAML ``{"args": {attribute: value}, "env": {...}}``."""
     p = Path(path)
     if p.suffix in (".json", ".yaml", ".yml"):
         data = _read_structured(p)
@@ -113,7 +117,7 @@ def load_resolved(path: str | Path) -> tuple[dict[str, Any], dict[str, str]]:
                 raise InputError(f"{p}: resolved argument {k!r} is not an attribute name (lower_snake_case)")
         return dict(data["args"]), check_env(data.get("env"), f"{p}: env")
     try:
-        return dict(logparse.read_resolved_args(p)), {}
+        return read_resolved_args(p, framework), {}
     except OSError as exc:
         raise InputError(f"cannot read {p}: {exc}") from exc
     except ValueError as exc:
@@ -159,8 +163,9 @@ def _curve_value(v: Any, where: str) -> float | None:
     raise InputError(f"{where}: a loss must be a number, null or 'nan'/'inf', got {type(v).__name__}")
 
 
-def load_curve(path: str | Path) -> dict[int, float | None]:
-    """A loss curve: a JSON mapping of step number to loss (``{"1": 10.41, ...}``), or a training log.
+def load_curve(path: str | Path, framework: str = DEFAULT_FRAMEWORK) -> dict[int, float | None]:
+    """A loss curve: a JSON mapping of step number to loss (``{"1": 10.41, ...}``), or a training log
+    (read by `framework`'s reader).
 
     In JSON, ``null`` is a missing loss and ``NaN``/``"nan"``/``"inf"`` are non-finite losses.
     """
@@ -188,9 +193,12 @@ def load_curve(path: str | Path) -> dict[int, float | None]:
         if not out:
             raise InputError(f"{p}: the loss curve is empty")
         return out
-    curve = logparse.read_losses(text.splitlines())
+    try:
+        curve = read_losses(p, framework)
+    except OSError as exc:
+        raise InputError(f"cannot read {p}: {exc}") from exc
     if not curve:
-        raise InputError(f"{p}: no 'iteration N/M' lines found: not a training log, and not a JSON loss curve")
+        raise InputError(f"{p}: no {framework} step lines found: not a training log, and not a JSON loss curve")
     return curve
 
 

@@ -29,10 +29,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from gate import config_check, convergence, judge, lists, logparse, noise
+from attune.metrics import read_losses, read_resolved_args
+from gate import config_check, convergence, judge, lists, noise
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "examples" / "tinygpt" / "train.py"
+FRAMEWORK = "megatron-lm"  # tinygpt logs in Megatron-LM's format
 
 # The validation workload (pinned; docs/gate.md). At the example's campaign setting (4 layers, lr 1e-3,
 # 20 steps) tinygpt learns little beyond unigram statistics, which most faults leave intact. Here a
@@ -215,7 +217,7 @@ def _run(args: dict[str, Any], nproc: int, env_extra: dict[str, str], log: Path)
 
 def _resolved(log: Path) -> dict[str, str] | None:
     try:
-        return logparse.read_resolved_args(log)
+        return read_resolved_args(log, FRAMEWORK)
     except ValueError:
         return None
 
@@ -255,8 +257,8 @@ def run_validation(cases: list[Case] | None = None, steps: int = DEFAULT_STEPS, 
                 if info.returncode != 0:
                     raise RuntimeError(f"a replicate of the {kind} baseline failed (rc {info.returncode}); "
                                        f"see {info.log}")
-                reps.append((f"replicate-check-{i + 1}", "replicate", logparse.read_losses(info.log)))
-            envelopes[kind] = noise.build_envelope(logparse.read_losses(base_runs[kind].log), reps)
+                reps.append((f"replicate-check-{i + 1}", "replicate", read_losses(info.log, FRAMEWORK)))
+            envelopes[kind] = noise.build_envelope(read_losses(base_runs[kind].log, FRAMEWORK), reps)
         rows = []
         for case in selected:
             say(case.name)
@@ -305,8 +307,8 @@ def _score(case: Case, base_args: dict[str, Any], base_run: RunInfo, env: noise.
         b_res, c_res = _resolved(Path(base_run.log)), _resolved(Path(info.log))
         if b_res is not None and c_res is not None:
             l1r = config_check.check_resolved(loaded, b_res, c_res, BASE_ENV, BASE_ENV)
-        base_curve = logparse.read_losses(base_run.log)
-        cand_curve = logparse.read_losses(info.log)
+        base_curve = read_losses(base_run.log, FRAMEWORK)
+        cand_curve = read_losses(info.log, FRAMEWORK)
         l2 = judge.judge(base_curve, cand_curve, envelope=env)
         dev = convergence.loss_deviation(base_curve, cand_curve)
     refusals = _names(l1) + [n for n in (_names(l1r) if l1r else []) if n not in _names(l1)]

@@ -28,6 +28,11 @@ from __future__ import annotations
 
 import posix
 
+from attune.campaign_paths import (  # stdlib only, no imports of its own
+    BROKER_DIR,
+    NOTES_DIR,
+    PROTECTED_IN_CAMPAIGN,
+)
 from hooks import lightos as os  # os without `import os` (see hooks/lightos.py)
 from hooks import runtime, shell
 
@@ -38,26 +43,7 @@ if TYPE_CHECKING:
 ATTUNE_SERVERS = ("broker", "metrics", "traces", "gate")
 MCP_PREFIX = "mcp__plugin_attune_"
 SKILL_SCRIPTS = os.path.join("skills", "attune", "scripts")
-NOTES_DIR = "notes"
-
-# Campaign files no tool may write (relative to the campaign directory).
-PROTECTED_IN_CAMPAIGN = (
-    "campaign.yaml",
-    runtime.POLICY_FILE,
-    "ledger.jsonl",
-    "ledger.torn",
-    runtime.HOOK_LOG,
-    "audit.jsonl",
-    "runs",
-    "shipped",
-    ".broker",  # the broker's endpoint, token and state
-    ".control.lock",
-    "session.json",  # the launcher's record of the session it resumes
-    ".claude",
-    ".mcp.json",  # a project MCP server would run programs in the next session
-    "CLAUDE.md",  # project instructions for the next session
-    "CLAUDE.local.md",
-)
+# PROTECTED_IN_CAMPAIGN (attune/campaign_paths.py): the campaign files no tool may write.
 
 # Tools that read no files and write none, or only within the session's own bookkeeping.
 SAFE_TOOLS = frozenset({
@@ -230,7 +216,7 @@ class Policy:
             protected.append(os.path.realpath(os.path.join(project, ".mcp.json")))
         protected.extend(_ledger_keys_dirs())
         protected = [os.path.realpath(p) for p in protected]
-        unreadable = [os.path.join(campaign, ".broker"), *_ledger_keys_dirs()]
+        unreadable = [os.path.join(campaign, BROKER_DIR), *_ledger_keys_dirs()]
         if os.environ.get("CLAUDE_PLUGIN_DATA"):
             unreadable.append(os.environ["CLAUDE_PLUGIN_DATA"])
         return cls(

@@ -28,15 +28,14 @@ from __future__ import annotations
 import sys
 import time
 
+from attune.campaign_paths import CAMPAIGN_FILE, HOOKS_LOG, POLICY_FILE  # stdlib only, no imports of its own
 from hooks import lightos as os  # os without `import os` (see hooks/lightos.py)
 
 TYPE_CHECKING = False  # no typing import at run time: hooks start on every tool call
 if TYPE_CHECKING:
     from typing import Any
 
-CAMPAIGN_FILE = "campaign.yaml"
-POLICY_FILE = "policy.yaml"
-HOOK_LOG = "hooks.log.jsonl"
+HOOK_LOG = HOOKS_LOG
 POLICY_KEYS = ("commands", "read_paths", "write_paths", "tools")
 
 PLUGIN_ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))

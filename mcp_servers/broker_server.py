@@ -33,6 +33,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field
 
+from attune.campaign_paths import CAMPAIGN_FILE
 from broker.client import BrokerUnavailable, Endpoint, endpoint_for
 
 log = logging.getLogger("attune.broker_server")
@@ -353,10 +354,10 @@ def _load_spec_or_fail() -> Any:
     from attune.spec import SpecError, load_spec
 
     d = _campaign_dir()
-    if not (d / "campaign.yaml").is_file():
+    if not (d / CAMPAIGN_FILE).is_file():
         raise ToolError(f"no campaign.yaml in {d}: open Claude Code in a campaign directory (one holding campaign.yaml)")
     try:
-        return load_spec(d / "campaign.yaml")
+        return load_spec(d / CAMPAIGN_FILE)
     except SpecError as exc:
         raise ToolError(str(exc)) from None
 

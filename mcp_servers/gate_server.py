@@ -302,10 +302,10 @@ def _log_precision(path: str | None) -> str:
     """The compute precision a baseline log's arguments block states; fp32 when there is none."""
     if path is None:
         return "fp32"
-    from gate import logparse
+    from attune.metrics import read_resolved_args
 
     try:
-        return noise.precision_of(logparse.read_resolved_args(_path(path)))
+        return noise.precision_of(read_resolved_args(_path(path), inputs.DEFAULT_FRAMEWORK))
     except (OSError, ValueError):
         return "fp32"
 

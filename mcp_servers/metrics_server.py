@@ -34,8 +34,10 @@ from pydantic import BaseModel, Field
 from attune import ledger as ledger_mod
 from attune import measure
 from attune import state as state_mod
+from attune.campaign_paths import CAMPAIGN_FILE, RUN_LOG, RUNS_DIR
 from attune.metrics import DEFAULT_MAX_SPREAD, MetricsInputError, RunMetrics, read_metrics
 from attune.spec import CampaignSpec, SpecError, load_spec
+from attune.vocab import RunKind, RunOutcome, Verdict
 
 log = logging.getLogger("attune.metrics_server")
 
@@ -242,7 +244,7 @@ def campaign_dir() -> Path:
 
 
 def _spec(directory: Path) -> CampaignSpec:
-    path = directory / "campaign.yaml"
+    path = directory / CAMPAIGN_FILE
     if not path.is_file():
         raise ToolError(f"no campaign.yaml in {directory} (set {CAMPAIGN_ENV} to the campaign directory)")
     try:
@@ -268,8 +270,8 @@ def run_log_path(directory: Path, run_id: str) -> Path:
             f"run_id: expected a run directory name (letters, digits, '.', '_', '-'; no path separators "
             f"or '..'), got {run_id!r}"
         )
-    runs = (directory / "runs").resolve()
-    path = (runs / run_id / "log.txt").resolve()
+    runs = (directory / RUNS_DIR).resolve()
+    path = (runs / run_id / RUN_LOG).resolve()
     if not path.is_relative_to(runs):
         raise ToolError(f"run_id: {run_id!r} leads outside the campaign's runs directory")
     if not path.is_file():
@@ -529,25 +531,25 @@ def _verdict(run: state_mod.RunState, st: state_mod.CampaignState) -> tuple[str,
     cal = st.calibration
     leader = st.leader_tokens_per_s_per_gpu
     if run.status != "finished":
-        v = "in_flight"
-    elif run.outcome not in (None, "ok"):
-        v = "failed"  # the outcome field says how
+        v = Verdict.IN_FLIGHT
+    elif run.outcome not in (None, RunOutcome.OK):
+        v = Verdict.FAILED  # the outcome field says how
     elif run.tokens_per_s_per_gpu is None:
-        v = "unmeasured"
+        v = Verdict.UNMEASURED
     elif run.valid is False:
-        v = "invalid"
+        v = Verdict.INVALID
     elif run.run_id == st.leader_run_id:
-        v = "leader"
-    elif run.kind == "calibration":
-        v = "calibration"
+        v = Verdict.LEADER
+    elif run.kind == RunKind.CALIBRATION:
+        v = Verdict.CALIBRATION
     elif cal is None or leader is None:
-        v = "uncalibrated"
+        v = Verdict.UNCALIBRATED
     elif measure.beats(run.tokens_per_s_per_gpu, leader, cal.band):
-        v = "beats_leader"
+        v = Verdict.LEADER  # beats the leader beyond the band: the ledger's word for it too
     elif measure.gain(run.tokens_per_s_per_gpu, leader) >= -cal.band:
-        v = "within_band"
+        v = Verdict.WITHIN_BAND
     else:
-        v = "slower"
+        v = Verdict.SLOWER
     return v, "derived"
 
 
@@ -561,7 +563,7 @@ def campaign_measurements(
 ) -> CampaignMeasurements:
     """The campaign's measurements so far, from its ledger: the current leader and its gain over the
     baseline, the noise band from the calibration runs, and each run's outcome, throughput, gain
-    and verdict (leader, beats_leader, within_band, slower, invalid, failed, in_flight, ...).
+    and verdict (leader, within_band, slower, invalid, failed, in_flight, ...).
 
     Call it at the start of a session and before choosing the next lever, to see where the search
     stands; it is cheap (it reads the ledger, not the logs). Runs are paged in admission order.

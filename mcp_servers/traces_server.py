@@ -28,6 +28,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field
 
+from attune.campaign_paths import RUNS_DIR
 from attune.traces import TraceInputError, TraceReport, analyze_paths, find_trace_files
 from attune.traces.models import Breakdown, NameTotal, Wait
 
@@ -44,7 +45,7 @@ def _campaign_dir() -> Path:
 def _run_dir(run_id: str) -> Path:
     if not run_id or "/" in run_id or "\\" in run_id or ".." in run_id or not _RUN_ID.match(run_id):
         raise ToolError(f"run_id {run_id!r} is not a run id (letters, digits, '.', '_', '-'; no path separators or '..')")
-    runs = _campaign_dir() / "runs"
+    runs = _campaign_dir() / RUNS_DIR
     d = (runs / run_id).resolve()
     if not d.is_relative_to(runs.resolve()):
         raise ToolError(f"run {run_id!r} lies outside the campaign's runs directory")
@@ -203,7 +204,7 @@ def _kernel_row(t: NameTotal) -> KernelRow:
 def list_profiled_runs() -> list[RunRow]:
     """The campaign's runs that have trace files (profiled runs), with how many and how large.
     Call it to find a run id to analyse."""
-    runs = _campaign_dir() / "runs"
+    runs = _campaign_dir() / RUNS_DIR
     rows: list[RunRow] = []
     if not runs.is_dir():
         return rows

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from attune.metrics import read_resolved_args
 from gate import conditions, config_check, lists
 from gate.config_check import apply_changes, check_recipe, check_resolved, recipe_to_config
 from gate.lists import AllCondition, CorrectnessList, load_list
-from gate.logparse import read_resolved_args
 from tests.gate_fixtures import BASELINES, GLM, LLAMA, MINIMAX, MIXTRAL, TINYGPT, megatron_log
 
 
@@ -296,7 +296,7 @@ def test_resolved_recheck_catches_a_flag_that_silently_changes_another(tmp_path)
     cand_log = tmp_path / "cand.log"
     base_log.write_text(megatron_log(RESOLVED_BASE, {1: 10.0, 2: 9.0}, prefix="[rank0]: "))
     cand_log.write_text(megatron_log(cand_resolved, {1: 10.0, 2: 9.0}, prefix="[rank0]: "))
-    r = check_resolved(naive, read_resolved_args(base_log), read_resolved_args(cand_log))
+    r = check_resolved(naive, read_resolved_args(base_log, "megatron-lm"), read_resolved_args(cand_log, "megatron-lm"))
     assert not r.passed
     ref = _refused(r)
     assert set(ref) == {"accumulate_allreduce_grads_in_fp32"}

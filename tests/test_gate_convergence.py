@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attune.metrics import read_losses
 from gate.convergence import ConvergenceConfig, _tolerance, check_convergence, compute_checks, loss_deviation
-from gate.logparse import read_losses
 from tests.gate_fixtures import megatron_log
 
 
@@ -204,7 +204,7 @@ def test_losses_pair_by_iteration_number_not_position(tmp_path):
     cand[10] = None
     log = tmp_path / "cand.log"
     log.write_text(megatron_log({"seed": 1}, cand))
-    parsed = read_losses(log)
+    parsed = read_losses(log, "megatron-lm")
     assert parsed[10] is None and parsed[11] == pytest.approx(BASE[11], rel=1e-6)
     r = check_convergence(BASE, parsed)
     assert not r.passed and any("no loss at step(s) 10" in p for p in r.data_problems)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from attune.layouts import find_model
+from attune.metrics import read_resolved_args
 from attune.sim.api import apply_overrides, resolve_accelerator
 from attune.sim.defects import DEFECTS
 from attune.sim.paper import CAMPAIGNS
@@ -17,7 +18,6 @@ from attune.sim.recipe import build_recipe
 from attune.sim.run import SimSettings, plan_run
 from attune.spec import load_spec
 from gate import check_convergence, check_recipe, check_resolved, load_list
-from gate.logparse import read_resolved_args
 
 SPECS = {m: load_spec(p) for m, p in CAMPAIGNS.items()}
 LISTS = {"glm-4.5": "glm-4.5", "minimax-m2": "minimax-m2", "mixtral-8x22b": "mixtral-8x22b"}
@@ -158,11 +158,11 @@ def test_resolved_recheck_sees_a_silent_rewrite(tmp_path):
     blog, clog = tmp_path / "b.txt", tmp_path / "c.txt"
     blog.write_text("\n".join(line for _, line in base.lines))
     clog.write_text("\n".join(line for _, line in cand.lines))
-    res = check_resolved(gl, read_resolved_args(blog), read_resolved_args(clog), spec.baseline.env, spec.baseline.env)
+    res = check_resolved(gl, read_resolved_args(blog, spec.framework), read_resolved_args(clog, spec.framework), spec.baseline.env, spec.baseline.env)
     names = {c.name for c in res.changes if not c.allowed}
     assert {"grad_reduce_in_bf16", "accumulate_allreduce_grads_in_fp32"} <= names
     ok = _run("glm-4.5", PRESERVING["EP 8, DeepEP"], "d")
     olog = tmp_path / "o.txt"
     olog.write_text("\n".join(line for _, line in ok.lines))
-    assert check_resolved(gl, read_resolved_args(blog), read_resolved_args(olog), spec.baseline.env,
+    assert check_resolved(gl, read_resolved_args(blog, spec.framework), read_resolved_args(olog, spec.framework), spec.baseline.env,
                           spec.baseline.env).passed

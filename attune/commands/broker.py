@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from attune.campaign_paths import CAMPAIGN_FILE, broker_dir
 from attune.errors import EXIT_FAILED, EXIT_OK, UsageError
 from attune.output import add_json_flag, emit_json
 
@@ -52,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _campaign_dir(path: str) -> Path:
     d = Path(path)
-    if not (d / "campaign.yaml").is_file():
+    if not (d / CAMPAIGN_FILE).is_file():
         raise UsageError(f"{d} is not a campaign directory (no campaign.yaml)")
     return d.resolve()
 
@@ -100,7 +101,7 @@ def run_token(args: argparse.Namespace) -> int:
     from broker.service import load_or_create_token, token_path
 
     d = _campaign_dir(args.dir)
-    (d / ".broker").mkdir(mode=0o700, exist_ok=True)
+    broker_dir(d).mkdir(mode=0o700, exist_ok=True)
     token = load_or_create_token(d)
     if args.json:
         emit_json({"token": token, "token_file": str(token_path(d))})

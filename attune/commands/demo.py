@@ -16,11 +16,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from attune.campaign_paths import CAMPAIGN_FILE
 from attune.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from attune.output import add_json_flag, emit_json
+from attune.vocab import RECIPE_FAILURES, RunKind
 
 ROOT = Path(__file__).resolve().parents[2]
-DEMO_CAMPAIGN = ROOT / "examples" / "campaigns" / "tinygpt-local" / "campaign.yaml"
+DEMO_CAMPAIGN = ROOT / "examples" / "campaigns" / "tinygpt-local" / CAMPAIGN_FILE
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -81,8 +83,8 @@ class Display:
             bar = ProgressBar(total=b.total, completed=min(used, b.total), width=30)
             t.add_row("budget", f"{used:.4g} of {b.total:.4g} rank-hours (reserve {b.reserve:.3g})")
             t.add_row("", bar)
-        searches = [r for r in st.runs.values() if r.kind == "search"]
-        failed = sum(1 for r in searches if r.outcome in ("oom", "hang", "crash"))
+        searches = [r for r in st.runs.values() if r.kind == RunKind.SEARCH]
+        failed = sum(1 for r in searches if r.outcome in RECIPE_FAILURES)
         t.add_row("launches", f"{len(searches)} ({failed} failed)")
         g = st.leader_gain()
         t.add_row("leader", f"{st.leader_run_id or '-'}" + (f"  {g:+.1%} over the baseline" if g is not None else ""))
@@ -108,7 +110,7 @@ def prepare(d: Path) -> None:
     if not DEMO_CAMPAIGN.is_file():
         raise FileNotFoundError(f"the demo campaign {DEMO_CAMPAIGN} is missing (run attune demo from a checkout)")
     d.mkdir(parents=True, exist_ok=True)
-    target = d / "campaign.yaml"
+    target = d / CAMPAIGN_FILE
     if target.exists():
         if target.read_bytes() != DEMO_CAMPAIGN.read_bytes():
             raise FileExistsError(f"{target} is not the demo campaign; choose another --dir")

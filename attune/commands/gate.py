@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from attune.errors import EXIT_FAILED, EXIT_OK, UsageError
+from attune.metrics import read_resolved_args
 from attune.output import add_json_flag, emit_json
-from gate import config_check, convergence, inputs, judge, lists, logparse, noise, validate
+from gate import config_check, convergence, inputs, judge, lists, noise, validate
 
 
 def register(subparsers: Any) -> None:
@@ -219,7 +220,7 @@ def run_converge(args: argparse.Namespace) -> int:
 
 def _log_precision(source: str) -> str:
     try:
-        return noise.precision_of(logparse.read_resolved_args(source))
+        return noise.precision_of(read_resolved_args(source, inputs.DEFAULT_FRAMEWORK))
     except (OSError, ValueError):
         return "fp32"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from attune.campaign_paths import CAMPAIGN_FILE
 from attune.errors import EXIT_FAILED, EXIT_OK, UsageError
 from attune.output import add_json_flag, emit_json
 
@@ -26,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from attune import sandbox
 
     d = Path(args.dir)
-    if not (d / "campaign.yaml").is_file():
+    if not (d / CAMPAIGN_FILE).is_file():
         raise UsageError(f"dir: {d} holds no campaign.yaml")
     settings = sandbox.settings(d)
     if not args.check:

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from attune.campaign_paths import CAMPAIGN_FILE
 from attune.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from attune.output import add_json_flag, emit_json
 
@@ -163,7 +164,7 @@ def _template(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"out": str(out), "protocol": p.id, "campaign": spec.name, "problems": probs})
     else:
-        print(f"{out / 'campaign.yaml'}: {spec.name} ({p.id})")
+        print(f"{out / CAMPAIGN_FILE}: {spec.name} ({p.id})")
     return EXIT_OK if not probs else EXIT_FAILED
 
 

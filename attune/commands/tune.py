@@ -15,6 +15,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from attune.campaign_paths import CAMPAIGN_FILE
 from attune.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from attune.output import add_json_flag, emit_json
 
@@ -39,9 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def campaign_dir(path: str) -> Path:
     p = Path(path)
     d = p if p.is_dir() else p.parent
-    if not (d / "campaign.yaml").is_file():
+    if not (d / CAMPAIGN_FILE).is_file():
         raise FileNotFoundError(f"no campaign.yaml at {p}")
-    if p.is_file() and p.name != "campaign.yaml":
+    if p.is_file() and p.name != CAMPAIGN_FILE:
         raise FileNotFoundError(f"{p}: the campaign file must be named campaign.yaml (its directory is the campaign)")
     return d
 

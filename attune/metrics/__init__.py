@@ -21,10 +21,11 @@ from attune.metrics.analysis import (
     parse_window,
 )
 from attune.metrics.base import LogParser
-from attune.metrics.failure import DEFAULT_HANG_AFTER_S, FAILURE_CLASSES
+from attune.metrics.failure import DEFAULT_HANG_AFTER_S
 from attune.metrics.megatron import MegatronBridgeParser, MegatronLMParser
 from attune.metrics.records import ParsedLog, StepRecord
 from attune.metrics.torchtitan import TorchtitanParser
+from attune.vocab import FAILURE_CLASSES
 
 PARSERS: dict[str, type[LogParser]] = {
     cls.framework: cls for cls in (MegatronLMParser, MegatronBridgeParser, TorchtitanParser)
@@ -70,6 +71,33 @@ def read_metrics(
     )
 
 
+def read_losses(path: str | os.PathLike[str], framework: str) -> dict[int, float | None]:
+    """Iteration -> training loss, read by the framework's own reader (what the gate compares).
+
+    Keyed by the iteration number the log prints, never by position; None for an iteration logged
+    without a loss (Megatron drops the field when the loss is NaN); a restarted iteration's last
+    value wins. Raises OSError (unreadable log) or MetricsInputError (unknown framework)."""
+    parsed = get_parser(framework).read(path)
+    return {it: rec.loss for it, rec in parsed.steps.items()}
+
+
+def read_resolved_args(path: str | os.PathLike[str], framework: str) -> dict[str, str]:
+    """The resolved arguments the framework prints at start-up (Megatron's ``---- arguments ----``
+    block): attribute name -> printed value, from the first block.
+
+    Raises ValueError when the log has no complete block, and for a framework whose logs print none
+    (torchtitan); OSError for an unreadable log."""
+    parser = get_parser(framework)
+    if parser.block is None:
+        raise ValueError(f"{framework} logs print no resolved-arguments block")
+    parsed = parser.read(path)
+    if not parsed.arguments_complete:
+        if not parsed.arguments:
+            raise ValueError("no resolved-arguments block ('---- arguments ----') in the log")
+        raise ValueError("the resolved-arguments block is not terminated ('---- end of arguments ----')")
+    return dict(parsed.arguments)
+
+
 __all__ = [
     "DEFAULT_HANG_AFTER_S",
     "DEFAULT_MAX_SPREAD",
@@ -85,5 +113,7 @@ __all__ = [
     "analyze",
     "get_parser",
     "parse_window",
+    "read_losses",
     "read_metrics",
+    "read_resolved_args",
 ]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attune import measure
-from attune.metrics.failure import DEFAULT_HANG_AFTER_S, Verdict, classify
+from attune.metrics.failure import DEFAULT_HANG_AFTER_S, FailureVerdict, classify
 from attune.metrics.records import MemoryReport, ParsedLog, StepRecord
 
 DEFAULT_WINDOW = (4, 13)
@@ -73,7 +73,7 @@ class RunMetrics:
     max_spread: float
     window_step_time_ms: dict[str, float] | None
     step_time_source: str | None
-    verdict: Verdict
+    verdict: FailureVerdict
     last_iteration: int | None
     train_iters: int | None
     steps: list[StepRecord]

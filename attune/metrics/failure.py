@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 from attune.metrics.records import Signal
 
-FAILURE_CLASSES = ("ok", "oom", "hang", "crash", "infrastructure")
 DEFAULT_HANG_AFTER_S = 900.0
 MAX_SIGNALS_PER_PATTERN = 3
 
@@ -68,7 +67,7 @@ def signals_in_line(text: str) -> list[tuple[str, str]]:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class FailureVerdict:
     failure_class: str
     reason: str
     evidence: tuple[Signal, ...] = ()
@@ -82,19 +81,19 @@ def classify(
     hang_after_s: float = DEFAULT_HANG_AFTER_S,
     last_iteration: int | None = None,
     train_iters: int | None = None,
-) -> Verdict:
+) -> FailureVerdict:
     """Classify a run. ``signals`` are the failure signatures found in its log."""
     best: dict[int, list[Signal]] = {}
     for sig in signals:
         tier = _TIER[sig.pattern][0]
         best.setdefault(tier, []).append(sig)
 
-    def pick(tier: int) -> Verdict | None:
+    def pick(tier: int) -> FailureVerdict | None:
         if tier not in best:
             return None
         evidence = tuple(best[tier][:MAX_SIGNALS_PER_PATTERN])
         first = evidence[0]
-        return Verdict(first.failure_class, f"log line {first.line}: {first.pattern!r}", evidence)
+        return FailureVerdict(first.failure_class, f"log line {first.line}: {first.pattern!r}", evidence)
 
     for tier in (1, 2, 3):
         verdict = pick(tier)
@@ -108,27 +107,27 @@ def classify(
         and seconds_since_progress >= hang_after_s
         and exit_status != 0
     ):
-        return Verdict(
+        return FailureVerdict(
             "hang",
             f"no log progress for {seconds_since_progress:.0f} s (limit {hang_after_s:.0f} s)",
         )
     crash = pick(5)
     if exit_status is not None and exit_status != 0:
-        return Verdict(
+        return FailureVerdict(
             "crash",
             f"exit status {exit_status}" + (f"; {crash.reason}" if crash else ""),
             crash.evidence if crash else (),
         )
     if exit_status == 0:
-        return Verdict("ok", "exit status 0")
+        return FailureVerdict("ok", "exit status 0")
     # No exit status: judge from the log alone.
     if crash:
         return crash
     if last_iteration is None:
-        return Verdict("crash", "the log has no iteration record and no exit status was given")
+        return FailureVerdict("crash", "the log has no iteration record and no exit status was given")
     if train_iters is not None and last_iteration < train_iters:
-        return Verdict(
+        return FailureVerdict(
             "crash",
             f"the log stops at iteration {last_iteration} of {train_iters} and no exit status was given",
         )
-    return Verdict("ok", f"the log reaches its last iteration ({last_iteration})")
+    return FailureVerdict("ok", f"the log reaches its last iteration ({last_iteration})")

@@ -73,12 +73,6 @@ _MEM_KEYS = {
 }
 
 
-def parse_iteration_line(line: str, line_no: int | None = None) -> StepRecord | None:
-    """Read one Megatron iteration line; None if the line is not one."""
-    head = _ITERATION_HEAD.search(line)
-    return _read_iteration(line, head, line_no) if head is not None else None
-
-
 def _read_iteration(line: str, head: re.Match[str], line_no: int | None) -> StepRecord:
     rec = StepRecord(iteration=int(head["it"]))
     rest = line[head.end() :]

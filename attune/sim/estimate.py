@@ -38,10 +38,6 @@ class Estimate:
             return None
         return self.recipe.tokens_per_step / (self.recipe.gpus * self.step.seconds)
 
-    @property
-    def objective_defects(self) -> list[Defect]:
-        return [d for d in self.defects if d.effect == "objective"]
-
     def as_dict(self) -> dict[str, Any]:
         r = self.recipe
         out: dict[str, Any] = {

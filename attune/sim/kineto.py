@@ -27,6 +27,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from attune.campaign_paths import RUN_TRACES_DIR
 from attune.sim.estimate import Estimate
 from attune.sim.recipe import SimRecipe
 from attune.sim.steptime import COMM_KINDS
@@ -119,7 +120,7 @@ def trace_writer(
     """A function that writes the traces under `<run_dir>/traces/` and returns their paths."""
 
     def write(run_dir: Path) -> list[Path]:
-        out_dir = Path(run_dir) / "traces"
+        out_dir = Path(run_dir) / RUN_TRACES_DIR
         out_dir.mkdir(parents=True, exist_ok=True)
         paths = []
         for rank in r.profile_ranks:

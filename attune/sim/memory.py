@@ -19,12 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attune.memory_estimate import GIB, MemoryEstimate, MemoryOptions, estimate
+from attune.memory_estimate import GIB, MODELLED_RECOMPUTE_MODULES, MemoryEstimate, MemoryOptions, estimate
 from attune.sim.constants import DEFAULT, Constants
 from attune.sim.recipe import SimRecipe
 from attune.sim.steptime import StepModel
-
-_ESTIMATE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act")
 
 
 @dataclass(frozen=True)
@@ -68,7 +66,7 @@ class MemoryReport:
 
 def memory_options(r: SimRecipe, margin: float = 0.0) -> MemoryOptions:
     """The pre-launch estimate's options for this recipe (also what the memory pre-filter uses)."""
-    mods = tuple(m for m in r.recompute_modules if m in _ESTIMATE_MODULES)
+    mods = tuple(m for m in r.recompute_modules if m in MODELLED_RECOMPUTE_MODULES)
     return MemoryOptions(
         seq_length=r.seq,
         micro_batch=r.mbs,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attune.layouts import Layout, LayoutError, ModelDims, layout_from_degrees
+from attune.memory_estimate import RECOMPUTE_MODULES
 from attune.sim.hardware import GPUS_PER_NODE, Accelerator
 
 ArgValue = str | int | float | bool | None
@@ -245,9 +246,6 @@ def unmodelled_flags(args: Mapping[str, ArgValue]) -> list[str]:
     """Flags given that the simulator neither models nor knows to be irrelevant."""
     known = MODELLED_FLAGS | IGNORED_FLAGS | set(OBJECTIVE_FLAGS) | set(ARCH_FLAGS)
     return sorted(f for f, v in args.items() if v not in (None, False) and f not in known)
-
-
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts", "mla_up_proj")
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from attune.campaign_paths import CAMPAIGN_FILE
 from attune.spec import CampaignSpec
 
 
@@ -154,7 +155,7 @@ def write_campaign(base_campaign: str | Path, out_dir: str | Path, protocol: Pro
 
     base_path = Path(base_campaign)
     if base_path.is_dir():
-        base_path = base_path / "campaign.yaml"
+        base_path = base_path / CAMPAIGN_FILE
     base = yaml.safe_load(base_path.read_text(encoding="utf-8"))
     if not isinstance(base, dict) or "model" not in base or "baseline" not in base:
         raise ValueError(f"{base_path}: not a campaign spec (model and baseline are required)")
@@ -178,7 +179,7 @@ def write_campaign(base_campaign: str | Path, out_dir: str | Path, protocol: Pro
     gate["lists"] = "gate-list.yaml"
     gate["list_sha256"] = hashlib.sha256(list_text.encode("utf-8")).hexdigest()
     spec["gate"] = gate
-    (out / "campaign.yaml").write_text(
+    (out / CAMPAIGN_FILE).write_text(
         f"# A TrainingThroughputBench ({protocol.id}) campaign for {base['model']}, from {base_path.name} of "
         f"{base.get('name')} (written by attune ttb template)\n" + yaml.safe_dump(spec, sort_keys=False),
         encoding="utf-8")

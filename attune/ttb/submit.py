@@ -20,6 +20,17 @@ from pathlib import Path
 from typing import Any
 
 from attune import __version__
+from attune.campaign_paths import (
+    CAMPAIGN_FILE,
+    LEDGER_FILE,
+    RUN_JOB,
+    RUN_LOG,
+    RUNS_DIR,
+    SHIPPED_DIR,
+    SHIPPED_EVIDENCE,
+    run_job,
+    run_log,
+)
 from attune.ttb import protocol as proto
 from attune.ttb.entry import (
     ENTRY_FILE,
@@ -68,13 +79,13 @@ def submit(campaign_dir: str | Path, out_root: str | Path, prices: PriceTable, *
            public_recipe: str | Path | None = None, now: datetime | None = None) -> tuple[Path, Entry]:
     """Build the entry directory under `out_root`; returns its path and model."""
     from attune import ledger, shipping
+    from attune.metrics import read_losses, read_resolved_args
     from attune.spec import SpecError, load_spec
     from attune.state import load
-    from gate import logparse
     from gate.inputs import curve_to_json
 
     d = Path(campaign_dir)
-    if not (d / "campaign.yaml").is_file():
+    if not (d / CAMPAIGN_FILE).is_file():
         raise SubmitRefused(f"{d}: no campaign.yaml (not a campaign directory)")
     try:
         spec = load_spec(d)
@@ -98,9 +109,9 @@ def submit(campaign_dir: str | Path, out_root: str | Path, prices: PriceTable, *
                             + (f": {verdict.get('reason')}" if verdict else ": no check verdict"))
     if not shipping.done(state):
         raise SubmitRefused("the final re-measurement is not complete (rerun attune tune to finish it)")
-    ev_path = d / shipping.SHIPPED_DIR / "evidence.json"
-    if not (d / shipping.SHIPPED_DIR / "run.sh").is_file() or not ev_path.is_file():
-        raise SubmitRefused(f"{d / shipping.SHIPPED_DIR}: run.sh or evidence.json is missing")
+    ev_path = d / SHIPPED_DIR / SHIPPED_EVIDENCE
+    if not (d / SHIPPED_DIR / "run.sh").is_file() or not ev_path.is_file():
+        raise SubmitRefused(f"{d / SHIPPED_DIR}: run.sh or evidence.json is missing")
     cal = state.calibration
     if cal is None:
         raise SubmitRefused("the campaign has no calibration")
@@ -116,7 +127,7 @@ def submit(campaign_dir: str | Path, out_root: str | Path, prices: PriceTable, *
     for rid in (ref.run_id if ref else None, cand_check):
         if rid:
             runs_needed.add(str(rid))
-    missing = [r for r in sorted(runs_needed) if not (d / "runs" / r / "log.txt").is_file()]
+    missing = [r for r in sorted(runs_needed) if not run_log(d, r).is_file()]
     if missing:
         raise SubmitRefused(f"evidence missing: no log for run(s) {', '.join(missing)}")
 
@@ -157,13 +168,13 @@ def submit(campaign_dir: str | Path, out_root: str | Path, prices: PriceTable, *
                 shutil.copyfile(src, dst)  # the spec, the lists, the public recipe: pinned by hash, kept as written
             files[rel] = sha256_file(dst)
 
-        put(None, "recipe/run.sh", reloc.run_sh(d / shipping.SHIPPED_DIR / "run.sh"))
+        put(None, "recipe/run.sh", reloc.run_sh(d / SHIPPED_DIR / "run.sh"))
         os.chmod(tmp / "recipe/run.sh", 0o755)
-        job_json = d / shipping.SHIPPED_DIR / "job.json"
+        job_json = d / SHIPPED_DIR / RUN_JOB
         if job_json.is_file():
             put(job_json, "recipe/job.json")
-        put(d / "campaign.yaml", "evidence/campaign.yaml")
-        put(None, "evidence/ledger.jsonl", reloc.ledger_file(d / ledger.LEDGER_NAME))
+        put(d / CAMPAIGN_FILE, f"evidence/{CAMPAIGN_FILE}")
+        put(None, "evidence/ledger.jsonl", reloc.ledger_file(d / LEDGER_FILE))
         head = ledger_head(tmp / "evidence", copy=True)
         if head["rows"] != source_head["rows"]:
             raise SubmitRefused("the ledger changed while it was being copied; submit again")
@@ -182,19 +193,19 @@ def submit(campaign_dir: str | Path, out_root: str | Path, prices: PriceTable, *
         except (OSError, ValueError) as exc:
             raise SubmitRefused(f"the campaign's correctness list cannot be used: {exc}") from None
         for rid in sorted(runs_needed):
-            put(d / "runs" / rid / "log.txt", f"evidence/runs/{rid}/log.txt")
-            if (d / "runs" / rid / "job.json").is_file():
-                put(d / "runs" / rid / "job.json", f"evidence/runs/{rid}/job.json")
+            put(run_log(d, rid), f"evidence/{RUNS_DIR}/{rid}/{RUN_LOG}")
+            if run_job(d, rid).is_file():
+                put(run_job(d, rid), f"evidence/{RUNS_DIR}/{rid}/{RUN_JOB}")
         curves: dict[str, Any] = {}
         for role, rid in (("baseline", ref.run_id if ref else None), ("candidate", cand_check)):
             if not rid:
                 continue
-            log = tmp / "evidence" / "runs" / str(rid) / "log.txt"  # as the entry holds it
+            log = run_log(tmp / "evidence", str(rid))  # as the entry holds it
             curves[role] = str(rid)
             put(None, f"evidence/curves/{role}.json",
-                json.dumps({"run_id": rid, "loss": curve_to_json(logparse.read_losses(log))}, indent=1) + "\n")
+                json.dumps({"run_id": rid, "loss": curve_to_json(read_losses(log, spec.framework))}, indent=1) + "\n")
             try:
-                resolved = logparse.read_resolved_args(log)
+                resolved = read_resolved_args(log, spec.framework)
             except ValueError:
                 resolved = {}
             put(None, f"evidence/resolved/{role}.json", json.dumps({"run_id": rid, "args": resolved},

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attune.campaign_paths import CAMPAIGN_FILE, run_job, run_log
 from attune.ttb.entry import ENTRY_FILE, Entry, EntryError, load_entry, usd_per_million
 from attune.ttb.head import check_head
 
@@ -124,8 +125,8 @@ def verify_entry(directory: str | Path, *, entry: Entry | None = None) -> EntryR
         from attune.spec import load_spec
         from attune.ttb import protocol as proto
 
-        spec = load_spec(ev / "campaign.yaml")
-        if state is not None and state.spec_sha256 != _sha256(ev / "campaign.yaml"):
+        spec = load_spec(ev / CAMPAIGN_FILE)
+        if state is not None and state.spec_sha256 != _sha256(ev / CAMPAIGN_FILE):
             raise _Fail("campaign.yaml is not the spec the ledger's campaign_started row pinned")
         p = proto.PROTOCOLS.get(e.protocol)
         if p is None:
@@ -190,7 +191,7 @@ def verify_entry(directory: str | Path, *, entry: Entry | None = None) -> EntryR
         probs = []
 
         def rescore(rid: str) -> float | None:
-            s = score_run(spec, ev / "runs" / rid / "log.txt", exit_code=0, seconds_since_progress=None)
+            s = score_run(spec, run_log(ev, rid), exit_code=0, seconds_since_progress=None)
             return s.tokens_per_s_per_gpu
 
         for rid, claimed in zip(t.runs, t.values, strict=True):
@@ -233,13 +234,13 @@ def verify_entry(directory: str | Path, *, entry: Entry | None = None) -> EntryR
                 f"logs: {t.tokens_per_s_per_gpu:,.1f} tokens/s/GPU, band {t.band:.1%}"), None
 
     def _curves_and_resolved() -> dict[str, tuple[dict[int, float | None], dict[str, str], dict[str, str]]]:
-        from gate import logparse
+        from attune.metrics import read_losses, read_resolved_args
 
         out = {}
         for role, rid in (("baseline", e.gate.baseline_check_run), ("candidate", e.gate.candidate_check_run)):
-            log = ev / "runs" / str(rid) / "log.txt"
-            curve = logparse.read_losses(log)
-            resolved = logparse.read_resolved_args(log)
+            log = run_log(ev, str(rid))
+            curve = read_losses(log, spec.framework)
+            resolved = read_resolved_args(log, spec.framework)
             stored_c = json.loads((ev / "curves" / f"{role}.json").read_text())
             stored_r = json.loads((ev / "resolved" / f"{role}.json").read_text())
             from gate.inputs import curve_to_json
@@ -248,7 +249,7 @@ def verify_entry(directory: str | Path, *, entry: Entry | None = None) -> EntryR
                 raise _Fail(f"the stored {role} curve differs from the one in its check run's log")
             if stored_r.get("args") != resolved:
                 raise _Fail(f"the stored {role} resolved arguments differ from its check run's log")
-            job = ev / "runs" / str(rid) / "job.json"
+            job = run_job(ev, str(rid))
             env = dict(json.loads(job.read_text()).get("env") or {}) if job.is_file() else {}
             out[role] = (curve, resolved, env)
         return out

@@ -15,8 +15,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from attune.vocab import RunOutcome
+
 ArgValue = str | int | float | bool | None
-FAILED_OUTCOMES = frozenset({"oom", "hang", "crash", "infrastructure", "refused", "failed"})
 
 
 def split_changes(flat: dict[str, ArgValue]) -> dict[str, dict[str, Any]]:
@@ -51,7 +52,7 @@ class Candidate:
 @dataclass
 class Outcome:
     run_id: str | None
-    outcome: str  # ok | oom | hang | crash | infrastructure | pruned | refused
+    outcome: str  # a RunOutcome: ok | oom | hang | crash | infrastructure | pruned | refused
     tokens_per_s_per_gpu: float | None = None
     valid: bool = False
     promoted: bool = False  # the control plane made it the leader
@@ -61,7 +62,7 @@ class Outcome:
     @property
     def score(self) -> float:
         """What a black-box tuner optimises: throughput, and zero for a run that failed."""
-        if self.outcome != "ok" or not self.valid or self.tokens_per_s_per_gpu is None:
+        if self.outcome != RunOutcome.OK or not self.valid or self.tokens_per_s_per_gpu is None:
             return 0.0
         return float(self.tokens_per_s_per_gpu)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from attune.tuners.base import Candidate, Outcome, Tuner
+from attune.vocab import RECIPE_FAILURES, RunOutcome
 
 EARLY_ABORT_FRACTION = 0.9  # prune a run below 0.9 x the leader after 4 steady measured steps
 EARLY_ABORT_STEPS = 4
@@ -70,7 +71,7 @@ def drive(
                     break
                 if not cand.changes:
                     base = cp.baseline_tps()
-                    tuner.tell(cand, Outcome(run_id=None, outcome="ok", tokens_per_s_per_gpu=base, valid=True))
+                    tuner.tell(cand, Outcome(run_id=None, outcome=RunOutcome.OK, tokens_per_s_per_gpu=base, valid=True))
                     continue
                 prune = cp.leader_tps() * EARLY_ABORT_FRACTION if early_abort else None
                 inflight[pool.submit(cp.evaluate, cand, prune)] = cand
@@ -80,15 +81,15 @@ def drive(
             for fut in done:
                 cand = inflight.pop(fut)
                 out = fut.result()
-                if out.outcome == "refused":
+                if out.outcome == RunOutcome.REFUSED:
                     res.refused += 1
                     if out.reason and "budget" in out.reason:
                         budget_out = True
                 else:
                     res.launches += 1
-                    if out.outcome in ("oom", "hang", "crash"):
+                    if out.outcome in RECIPE_FAILURES:
                         res.failed += 1
-                    elif out.outcome == "pruned":
+                    elif out.outcome == RunOutcome.PRUNED:
                         res.pruned += 1
                 tuner.tell(cand, out)
                 exhausted = False  # an outcome can give the tuner new work (rule 5's retry of an OOM layout)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from attune.tuners.base import ArgValue, Candidate, Outcome, Tuner, recipe_key
+from attune.vocab import RunOutcome
 
 MEMORY_SAVERS: dict[str, ArgValue] = {"--recompute-granularity": "full", "--recompute-activations": True}
 LAYOUT_FLAGS = frozenset({"--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
@@ -178,7 +179,7 @@ class HeuristicTuner(Tuner):
     def tell(self, candidate: Candidate, outcome: Outcome) -> None:
         tok: dict[str, Any] = candidate.token or {}
         lever = tok.get("lever", candidate.lever)
-        if outcome.outcome != "refused" and lever not in self.measured:
+        if outcome.outcome != RunOutcome.REFUSED and lever not in self.measured:
             self.measured.append(lever)
         if outcome.promoted:
             old = self._value(lever)
@@ -193,7 +194,7 @@ class HeuristicTuner(Tuner):
                 (lever, v) for v in self._values_to_try(lever) if self._beyond(lever, v, tok.get("value"), old)
             )
             return
-        if outcome.outcome == "oom" and not tok.get("retried") and self.memory_retry \
+        if outcome.outcome == RunOutcome.OOM and not tok.get("retried") and self.memory_retry \
                 and candidate.changes.get("--recompute-granularity", self.baseline.get("--recompute-granularity")) != "full":
             # Rule 5: give the layout its memory savings back (full recomputation) and measure it again.
             changes = self.diff(self._full({**candidate.changes, **FULL_RECOMPUTE}))
@@ -206,7 +207,7 @@ class HeuristicTuner(Tuner):
                     token={**tok, "retried": True},
                 ))
                 return
-        if outcome.outcome == "oom" and not tok.get("retried"):
+        if outcome.outcome == RunOutcome.OOM and not tok.get("retried"):
             for saver, val in MEMORY_SAVERS.items():
                 if saver in self.space and candidate.changes.get(saver) != val and saver != lever:
                     changes = {**candidate.changes, saver: val}

@@ -13,12 +13,9 @@ from collections.abc import Callable
 import optuna
 
 from attune.tuners.base import ArgValue, Candidate, Outcome, Tuner, recipe_key
+from attune.vocab import RunOutcome
 
 Prefilter = Callable[[dict[str, ArgValue]], str | None]  # returns a reason to skip, or None
-
-
-def _encode(v: ArgValue) -> str | int | float | bool | None:
-    return v
 
 
 class TPETuner(Tuner):
@@ -88,7 +85,7 @@ class TPETuner(Tuner):
     def tell(self, candidate: Candidate, outcome: Outcome) -> None:
         trial = candidate.token
         trial.set_user_attr("key", candidate.key)
-        if outcome.outcome == "pruned":
+        if outcome.outcome == RunOutcome.PRUNED:
             self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         else:
             self.study.tell(trial, outcome.score)

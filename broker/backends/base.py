@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol, runtime_checkable
+
+from attune.job import JobSpec
+
+__all__ = ["Backend", "BackendError", "BackendUnavailable", "JobSpec", "JobState", "JobStatus"]
 
 
 class BackendError(Exception):
@@ -35,31 +38,6 @@ class JobState(enum.StrEnum):
     @property
     def finished(self) -> bool:
         return self not in (JobState.PENDING, JobState.RUNNING)
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """One job, fully resolved: what to run, where, on how many GPUs."""
-
-    job_id: str  # the campaign's run id; unique within the campaign
-    campaign: str
-    argv: tuple[str, ...]  # the full command line, placeholders already substituted
-    env: dict[str, str]  # the job's own environment (added to a minimal base environment)
-    workdir: Path  # the job's working directory
-    run_dir: Path  # the job writes its log (log.txt) and outputs here
-    gpus: int
-    gpus_per_node: int
-    time_limit_s: float | None = None
-    image: str | None = None  # container image, where the backend runs containers
-    exclude_nodes: tuple[str, ...] = ()  # nodes not to run on (the retry of an infrastructure failure)
-
-    @property
-    def nodes(self) -> int:
-        return max(1, -(-self.gpus // self.gpus_per_node))
-
-    @property
-    def log_path(self) -> Path:
-        return self.run_dir / "log.txt"
 
 
 @dataclass

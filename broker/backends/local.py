@@ -28,6 +28,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from attune.campaign_paths import RUN_JOB
 from broker.backends.base import BackendError, JobSpec, JobState, JobStatus
 
 EXIT_FILE = "exit_status"
@@ -308,7 +309,7 @@ class LocalBackend:
         run_dir = Path(backend_id)
         try:
             meta = json.loads((run_dir / META_FILE).read_text())
-            doc = json.loads((run_dir / "job.json").read_text())
+            doc = json.loads((run_dir / RUN_JOB).read_text())
         except (OSError, ValueError):
             raise BackendError(f"unknown local job {backend_id!r}") from None
         spec = JobSpec(

@@ -44,6 +44,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from attune.campaign_paths import RUN_LOG
 from attune.spec import RayCluster
 from broker.backends.base import BackendError, BackendUnavailable, JobSpec, JobState, JobStatus
 
@@ -470,7 +471,7 @@ class RayBackend:
                 job = _Job(job_id=spec.job_id, run_dir=run_dir, submitted_at=submitted, time_limit_s=spec.time_limit_s,
                            node_count=spec.nodes)
                 if fresh:
-                    (run_dir / "log.txt").unlink(missing_ok=True)  # from an earlier submission, if any
+                    (run_dir / RUN_LOG).unlink(missing_ok=True)  # from an earlier submission, if any
             self._jobs[sid] = job
             self._save(sid, job)
 
@@ -539,7 +540,7 @@ class RayBackend:
         if len(data) <= job.log_bytes:
             return
         try:
-            with open(job.run_dir / "log.txt", "ab") as fh:
+            with open(job.run_dir / RUN_LOG, "ab") as fh:
                 fh.write(data[job.log_bytes:])
         except OSError:
             return

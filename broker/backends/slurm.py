@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from attune.campaign_paths import RUN_LOG
 from broker.backends.base import BackendError, JobSpec, JobState, JobStatus
 
 SCRIPT_NAME = "job.sbatch"
@@ -177,7 +178,7 @@ class SlurmBackend:
             # The retry of an infrastructure failure runs on other nodes.
             sb.append(f"--exclude={','.join(spec.exclude_nodes)}")
         sb += [
-            f"--output={run_dir / 'log.txt'}",  # stdout and stderr together
+            f"--output={run_dir / RUN_LOG}",  # stdout and stderr together
             f"--chdir={run_dir}",
             "--export=NONE",  # the submitter's environment (the broker's) never reaches the job
             "--no-requeue",  # a node failure ends the job as NODE_FAIL; the broker decides on retries
@@ -305,7 +306,7 @@ class SlurmBackend:
         started = _parse_time(fields.get("StartTime", "")) if ran else None
         ended = _parse_time(fields.get("EndTime", "")) if state.finished else None
         stdout = fields.get("StdOut", "")
-        if backend_id not in self._jobs and stdout.endswith("/log.txt"):
+        if backend_id not in self._jobs and stdout.endswith("/" + RUN_LOG):
             # Submitted before this instance existed (broker restart): remember where its marker goes.
             self._jobs[backend_id] = (fields.get("JobName", ""), Path(stdout).parent)
         return JobStatus(
