@@ -9,9 +9,10 @@ exceeds the GPU's memory, or whose layout is infeasible, is scored zero without 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
-from attune.layouts import Layout, LayoutError, find_model, layout_from_degrees
+from attune.layouts import Layout, LayoutError, ModelDims, find_model, layout_from_degrees
 from attune.memory_estimate import MemoryEstimate, MemoryOptions, accelerator_gib, estimate
 from attune.spec import CampaignSpec
 from attune.tuners.base import ArgValue
@@ -24,10 +25,16 @@ def _flag_int(args: dict[str, ArgValue], flag: str, default: int | None = 1) -> 
     return int(v) if v not in (None, False, True) else default
 
 
+@functools.lru_cache(maxsize=16)
+def _model(name: str) -> ModelDims:
+    """The layout enumerator's model (its YAML catalog read once per name)."""
+    return find_model(name)
+
+
 def recipe_layout(spec: CampaignSpec, args: dict[str, ArgValue]) -> tuple[Layout, int]:
     """The layout of a recipe's full flags and its microbatches per step; LayoutError when the layout
     breaks a rule of the framework (degrees, pipeline split, batch divisibility) for this model."""
-    model = find_model(spec.model)
+    model = _model(spec.model)
     layout = layout_from_degrees(
         model, spec.cluster.gpus, tp=_flag_int(args, "--tensor-model-parallel-size") or 1,
         pp=_flag_int(args, "--pipeline-model-parallel-size") or 1,
@@ -67,7 +74,7 @@ def recipe_memory(spec: CampaignSpec, args: dict[str, ArgValue], margin: float =
             if offload else 0.0,
             param_bytes=1 if args.get("--fp8-param-gather") else 2,
             margin=margin, gpu_memory_gib=accelerator_gib(spec.cluster.accelerator))
-        return estimate(find_model(spec.model), layout, opts), None
+        return estimate(_model(spec.model), layout, opts), None
     except (LayoutError, ValueError) as exc:
         return None, str(exc)
 
@@ -78,7 +85,7 @@ def memory_prefilter(spec: CampaignSpec, margin: float = DEFAULT_MARGIN,
     (None, why not) otherwise. A draw is skipped (scored 0, never launched) when a stage's estimate
     with the margin exceeds the GPU's memory, or when its layout is infeasible. The baseline is exempt."""
     try:
-        find_model(spec.model)
+        _model(spec.model)
         accelerator_gib(spec.cluster.accelerator)
     except (LayoutError, KeyError, ValueError) as exc:
         return None, f"no memory estimate for {spec.model} on {spec.cluster.accelerator}: {exc}"
