@@ -31,12 +31,14 @@ class BrokerControlPlane:
         self.run_timeout_s = run_timeout_s
         self.poll_s = poll_s
         self._status: dict[str, Any] | None = None
+        self.concurrency = 1
         self.concurrency = int(self._campaign()["concurrency"])
 
     def _campaign(self) -> dict[str, Any]:
-        """The campaign's status, asked once between two launches: the driver's can_launch and leader_tps
-        before one launch read the same answer (admission re-checks the budget anyway)."""
-        if self._status is None:
+        """The campaign's status. One run at a time, it is asked once between two launches: the driver's
+        can_launch and leader_tps before one launch read the same answer. With several runs in flight it
+        is asked every time (another thread's launch or result may have changed it)."""
+        if self._status is None or self.concurrency > 1:
             status, payload = self.client.call("GET", "/v1/campaign")
             if status != 200:
                 raise RuntimeError(f"the broker refused the campaign status: {payload}")
