@@ -2,7 +2,7 @@
 
 `InProcessBroker(campaign_dir)` builds the same `Broker` as `attune broker serve` (`build_broker`),
 holding the campaign's serve lock so that no HTTP broker serves it at the same time, and starts
-neither a server nor the monitor thread. `client()` answers a `InProcessClient` with the interface
+neither a server nor the monitor thread. `client()` answers an `InProcessClient` with the interface
 of `broker.client.BrokerClient` (`call`, `launch`, `run`, `wait`): a request is matched against the
 HTTP app's route table (`broker.service.ROUTES`) and runs the same handler through `Broker.dispatch`
 (the same validation, errors, status codes and audit log), its body and its answer passed through
@@ -29,8 +29,9 @@ from typing import Any
 
 from starlette.routing import compile_path
 
+from attune.bounded import InputError, loads_json
 from broker.campaigns import CampaignHandle
-from broker.service import ROUTES, Broker, Handler, _serve_locks, build_broker
+from broker.service import MAX_BODY_BYTES, MAX_JSON_DEPTH, ROUTES, Broker, Handler, _serve_locks, build_broker
 
 _COMPILED: list[tuple[str, tuple[str, ...], re.Pattern[str], Handler, bool]] = [
     (name, methods, compile_path(path)[0], fn, auth) for name, methods, path, fn, auth in ROUTES]
@@ -64,9 +65,21 @@ class InProcessClient:
             # as a query string carries them (httpx writes booleans as true/false)
             query = {k: ("true" if v is True else "false" if v is False else str(v))
                      for k, v in (params or {}).items() if v is not None}
-            wire_body = json.loads(json.dumps(body or {})) if method == "POST" and name != "unknown" else None
             handle = self.handle  # the client holds the campaign's token: every route attributes to it
-            status, payload, reason = self.broker.dispatch(name, fn, handle, m.groupdict(), query, wire_body)
+            wire_body: dict[str, Any] | None = None
+            status, payload, reason = 0, {}, None
+            if method == "POST" and name != "unknown":  # the body as the HTTP app reads it: bounded JSON
+                raw = json.dumps(body or {}).encode()
+                if len(raw) > MAX_BODY_BYTES:
+                    status, payload = 413, {"error": "too_large", "reason": f"request body over {MAX_BODY_BYTES} bytes"}
+                else:
+                    try:
+                        wire_body = loads_json(raw, "the body", MAX_JSON_DEPTH)
+                    except InputError as exc:
+                        status, payload = 400, {"error": "bad_request", "reason": str(exc)}
+                reason = payload.get("reason")
+            if not status:
+                status, payload, reason = self.broker.dispatch(name, fn, handle, m.groupdict(), query, wire_body)
             if self.audit:
                 entry: dict[str, Any] = {"route": name, "method": method, "path": path, "client": "in-process"}
                 if "run_id" in m.groupdict():
