@@ -38,6 +38,20 @@ _COMPILED: list[tuple[str, tuple[str, ...], re.Pattern[str], Handler, bool]] = [
 MAX_IDLE_POLLS = 100_000  # monitor steps in a row that change nothing before a wait gives up
 
 
+def simulated(handle: CampaignHandle) -> bool:
+    """Whether the campaign's backend runs on a simulated clock that only the monitor's polls move."""
+    return handle.backend.name == "sim"
+
+
+def step(broker: Broker, handle: CampaignHandle) -> int:
+    """One pass of the broker's monitor: the events it logged. On the sim backend it moves the simulated
+    clock and returns at once; on a real backend it then waits the poll interval, as the monitor thread."""
+    n = broker.poll_once()
+    if not simulated(handle):
+        time.sleep(handle.spec.control.poll_interval_s)
+    return n
+
+
 class InProcessClient:
     """`BrokerClient`'s interface over a broker in this process (see the module doc)."""
 
@@ -103,12 +117,14 @@ class InProcessClient:
 
     def step(self) -> int:
         """One pass of the broker's monitor (on the sim backend: the clock moves to the next event)."""
-        return self.broker.poll_once()
+        return step(self.broker, self.handle)
 
     def wait(self, run_id: str, timeout_s: float = 120.0, interval_s: float = 0.0) -> dict[str, Any]:
         """Run the broker's monitor until the run has finished and been scored; returns its last status.
-        `interval_s` is accepted for `BrokerClient`'s interface and not slept: the monitor step is the
-        wait. `timeout_s` bounds the wall time; MAX_IDLE_POLLS steps in a row that change nothing end it."""
+        `interval_s` is accepted for `BrokerClient`'s interface: on the sim backend the monitor step is the
+        wait (nothing sleeps; MAX_IDLE_POLLS steps in a row that log nothing end it), elsewhere each step
+        waits the campaign's `control.poll_interval_s` as the monitor thread would. `timeout_s` bounds the
+        wall time."""
         deadline = time.monotonic() + timeout_s
         idle = 0
         seen: tuple[int, int] | None = None
@@ -125,7 +141,7 @@ class InProcessClient:
                     if status == 200:
                         return payload
             idle = 0 if self.step() else idle + 1
-            if idle > MAX_IDLE_POLLS or time.monotonic() > deadline:
+            if (simulated(self.handle) and idle > MAX_IDLE_POLLS) or time.monotonic() > deadline:
                 status, payload = self.run(run_id)
                 raise TimeoutError(f"run {run_id} did not finish within {timeout_s:g} s: {payload}")
 
@@ -149,7 +165,7 @@ class InProcessBroker:
         return InProcessClient(self.broker, self.handle, audit=self.audit)
 
     def step(self) -> int:
-        return self.broker.poll_once()
+        return step(self.broker, self.handle)
 
     def close(self) -> None:
         self._stack.close()

@@ -186,3 +186,17 @@ def test_one_tuner_registry_everywhere(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "-m", "attune", "tune", str(tmp_path), "--tuner", "bayes"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "tpe-prefilter" in res.stderr
+
+
+def test_in_process_on_a_real_backend_steps_the_monitor_at_its_interval(tmp_path: Path) -> None:
+    # The local backend runs real processes (tests/fake_trainer.py): the in-process runner's monitor steps
+    # wait the poll interval as the monitor thread would, and the campaign goes start to end.
+    from tests._broker_helpers import make_campaign
+
+    d = make_campaign(tmp_path, budget={"concurrency": 1, "gpu_hours": 1.0},
+                      search_space={"--fake-step-ms": [10, 20, 40]}, search_rules="off")
+    out = CampaignRunner(d, "random", say=None, transport="in-process").run()
+    st, _ = load(d)
+    assert out.failed is None and out.shipped and st.runs[out.shipped].kind == "search"
+    assert out.headline["remeasured"] and out.headline["gain"] > 0.5  # 10 ms steps against the baseline's 20
+    assert not (d / ".broker" / "endpoint.json").exists()
