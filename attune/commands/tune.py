@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-attempts", type=int, default=20, help="claude: sessions (start + resumes) at most")
     p.add_argument("--transport", default="auto", choices=TRANSPORTS,
                    help="how to reach the broker: auto (in this process for a built-in tuner on a simulated "
-                        "cluster, else HTTP), http, or in-process")
+                        "cluster with budget.concurrency 1, else HTTP), http, or in-process")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     add_json_flag(p)
     p.set_defaults(func=run)
