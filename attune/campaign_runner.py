@@ -16,6 +16,7 @@ is resumed with `--resume`; shipping carries on from its last row.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 import time
@@ -33,12 +34,13 @@ from attune.spec import CampaignSpec
 from attune.state import CampaignState, RunState, load
 from attune.tuners.base import Candidate, Outcome, split_changes
 from attune.tuners.driver import drive
-from attune.tuners.factory import BUILT_IN, make_tuner
+from attune.tuners.factory import make_tuner
+from attune.tuners.registry import AGENT, BLACK_BOX, TRANSPORTS, TUNE_CHOICES
 from attune.vocab import RunKind, RunOutcome, Verdict
 
-TUNERS = ("claude", *BUILT_IN)
+TUNERS = TUNE_CHOICES
 MAX_REFUSED_CALIBRATIONS = 5  # refused calibration launches in a row before the runner gives up
-EARLY_ABORT_TUNERS = ("tpe", "tpe-prefilter", "random")
+EARLY_ABORT_TUNERS = BLACK_BOX
 
 
 class RunnerError(Exception):
@@ -208,6 +210,8 @@ class CampaignRunner:
         max_attempts: int = 20,
         say: Callable[[str], None] | None = _say_stderr,
         poll_s: float = 1.0,
+        transport: str = "auto",
+        knob_space: bool = False,
     ) -> None:
         if tuner not in TUNERS:
             raise ValueError(f"tuner must be one of {', '.join(TUNERS)}, got {tuner!r}")
@@ -221,6 +225,11 @@ class CampaignRunner:
         self.max_attempts = max_attempts
         self.say = say
         self.poll_s = poll_s
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
+        self.transport = transport
+        self.knob_space = knob_space  # search the model's frozen Table E1 knobs (attune.tuners.knobs)
+        self._inproc: Any = None  # broker.inprocess.InProcessBroker while a campaign runs in this process
         self.watcher = LedgerWatcher(self.dir)
         self.replayed = 0
         self.notes: list[str] = []
@@ -242,9 +251,18 @@ class CampaignRunner:
         st, _ = load(self.dir)
         return st
 
+    def _current(self) -> CampaignState:
+        """The campaign's state after `_progress()`: in process, the progress watcher's incremental fold of
+        the ledger (nothing else writes it meanwhile); over HTTP, the ledger read afresh."""
+        if self._inproc is not None:
+            return self.watcher.state
+        return self.state()
+
     def _client(self) -> Any:
         from broker.client import BrokerClient, endpoint_for
 
+        if self._inproc is not None:
+            return self._inproc.client()
         ep = endpoint_for(self.dir)
         return BrokerClient(ep.url, ep.token)
 
@@ -252,19 +270,51 @@ class CampaignRunner:
         """The broker must be up while anything is to be watched or shipped (it restarts a dead one)."""
         from broker.client import endpoint_for
 
-        endpoint_for(self.dir)
+        if self._inproc is None:
+            endpoint_for(self.dir)
+
+    def _tick(self) -> None:
+        """Let time pass: over HTTP, sleep (the broker's monitor works meanwhile); in process, run the
+        broker's monitor step, which on the sim backend moves the simulated clock."""
+        if self._inproc is not None:
+            self._inproc.step()
+        else:
+            time.sleep(self.poll_s)
+
+    def _in_process(self, spec: CampaignSpec) -> bool:
+        """Whether to run the broker in this process: asked for, or (auto) a built-in tuner on a simulated
+        cluster, one run at a time, with no shared broker named and no broker already serving the campaign.
+        (With several runs in flight the outcomes reach the tuner in an order set by thread timing, over
+        HTTP as in process; the broker's own monitor then keeps the simulated clock moving.)"""
+        if self.transport != "auto":
+            return self.transport == "in-process"
+        if (self.tuner_name == AGENT or spec.cluster.backend != "sim" or spec.budget.concurrency != 1
+                or os.environ.get("ATTUNE_BROKER_URL")):
+            return False
+        from broker.client import running_broker
+
+        return running_broker(self.dir) is None
 
     def _wait(self, done: Callable[[CampaignState], bool], what: str) -> CampaignState:
         last_ensure = 0.0
+        stuck = 0
         while True:
             self._progress()
-            st = self.state()
+            st = self._current()
             if done(st):
                 return st
+            if self._inproc is not None and not st.in_flight:
+                # In process nothing moves unless this loop steps the monitor: steps that find nothing in
+                # flight and change nothing mean the wait can never end.
+                stuck = stuck + 1 if self._inproc.step() == 0 else 0
+                if stuck > 3:
+                    raise RunnerError(f"waiting for {what}, but nothing is in flight and the control plane has "
+                                      "nothing to do (see `attune status`)")
+                continue
             if time.monotonic() - last_ensure > 30.0:
                 self._ensure_broker()
                 last_ensure = time.monotonic()
-            time.sleep(self.poll_s)
+            self._tick()
 
     # --- the steps --------------------------------------------------------------------------
     def run(self) -> TuneResult:
@@ -272,13 +322,20 @@ class CampaignRunner:
         # A black-box tuner samples the space: the skill's search rules bind the agent and the heuristic only.
         spec, _ = start(self.dir, search_rules="off" if self.tuner_name in EARLY_ABORT_TUNERS else "enforced")
         if self.tuner_name != "claude":
-            make_tuner(spec, self.tuner_name, self.seed, self.max_passes)  # a bad search space fails before any run
+            self._make_tuner(spec)  # a bad search space fails before any run
         self.prepare_environment(spec)
+        if self.tuner_name == AGENT and self.transport == "in-process":
+            raise RunnerError("the claude tuner reaches the broker over HTTP (its MCP server): use --transport http")
+        if self._in_process(spec):
+            from broker.inprocess import InProcessBroker
+
+            self._inproc = InProcessBroker(self.dir)
         self._ensure_broker()
         self._progress()
         stop = threading.Event()
         ticker = threading.Thread(target=self._progress_loop, args=(stop,), name="attune-progress", daemon=True)
-        ticker.start()
+        if self._inproc is None:  # in process, progress is reported at each step of the runner itself
+            ticker.start()
         try:
             if self.tuner_name == "claude":
                 self.run_claude()
@@ -289,7 +346,11 @@ class CampaignRunner:
             st = self._wait(lambda s: s.failed is not None or shipping.done(s), "shipping")
         finally:
             stop.set()
-            ticker.join(timeout=5)
+            if ticker.is_alive():
+                ticker.join(timeout=5)
+            if self._inproc is not None:
+                self._inproc.close()
+                self._inproc = None
         self._progress()
         from attune.summary import write_summary
 
@@ -322,7 +383,7 @@ class CampaignRunner:
         refused: list[dict[str, Any]] = []  # refused calibration launches since the last admitted one
         while True:
             self._progress()
-            st = self.state()
+            st = self._current()
             if st.calibration is not None or st.failed is not None:
                 return
             done = [r for r in st.runs.values() if r.kind == RunKind.CALIBRATION and r.status == "finished"]
@@ -351,7 +412,7 @@ class CampaignRunner:
                         f"{last.get('code') or last.get('error')}: {str(last.get('reason'))[:400]}); nothing can be "
                         "measured until that is fixed (attune validate checks the spec)")
                 break
-            time.sleep(self.poll_s)
+            self._tick()
 
     def search(self, client: Any, spec: CampaignSpec) -> None:
         from broker.tuner_plane import BrokerControlPlane
@@ -363,8 +424,13 @@ class CampaignRunner:
         st = self._wait(lambda s: not any(r.kind == RunKind.SEARCH for r in s.in_flight), "runs in flight")
         if st.stop is not None:
             return
-        tuner = make_tuner(spec, self.tuner_name, self.seed, self.max_passes)
-        plane = ReplayPlane(BrokerControlPlane(client, poll_s=min(self.poll_s, 1.0)), spec, st)
+        tuner = self._make_tuner(spec)
+        replay = ReplayPlane(BrokerControlPlane(client, poll_s=min(self.poll_s, 1.0)), spec, st)
+        plane: Any = replay
+        if self.knob_space:
+            from attune.tuners.knobs import KnobPlane, knob_space
+
+            plane = KnobPlane(replay, knob_space(spec))
 
         def on_outcome(_c: Candidate, _o: Outcome) -> None:
             self._progress()
@@ -377,9 +443,17 @@ class CampaignRunner:
             raise RunnerError(
                 f"the {self.tuner_name} tuner has nothing left to try, but {exc} (widen the search space so "
                 "the rules can be met, or give the campaign to an agent)") from None
-        self.replayed = plane.replayed
-        if plane.replayed and self.say:
-            self.say(f"resumed: {plane.replayed} candidate(s) answered from the ledger, none launched twice")
+        self.replayed = replay.replayed
+        if replay.replayed and self.say:
+            self.say(f"resumed: {replay.replayed} candidate(s) answered from the ledger, none launched twice")
+
+    def _make_tuner(self, spec: CampaignSpec) -> Any:
+        knobs = None
+        if self.knob_space:
+            from attune.tuners.knobs import knob_space
+
+            knobs = knob_space(spec)
+        return make_tuner(spec, self.tuner_name, self.seed, self.max_passes, knobs=knobs)
 
     def run_claude(self) -> None:
         from attune.launcher import ClaudeLauncher

@@ -35,6 +35,7 @@ from attune import ledger, report  # noqa: E402
 from attune.campaign import start  # noqa: E402
 from attune.campaign_runner import CampaignRunner  # noqa: E402
 from attune.state import fold, load  # noqa: E402
+from attune.tuners.registry import BUILT_IN  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "campaigns" / "tinygpt-local" / "campaign.yaml"
 
@@ -46,7 +47,7 @@ def stop_broker(d: Path) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tuners", nargs="+", default=["heuristic", "tpe", "random"])
+    p.add_argument("--tuners", nargs="+", default=["heuristic", "tpe", "random"], choices=BUILT_IN)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--search-runs", type=float, default=5.0, help="search budget in baseline-run costs")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/attune-compare"))

@@ -243,27 +243,8 @@ class Broker:
 
     # --- the app ----------------------------------------------------------------------------
     def app(self) -> Starlette:
-        routes = [
-            Route("/v1/health", self._wrap("health", _health, auth=False), methods=["GET"]),
-            Route("/v1/campaign", self._wrap("campaign_status", _campaign), methods=["GET"]),
-            Route("/v1/runs", self._wrap("launch", _launch), methods=["POST"]),
-            Route("/v1/runs", self._wrap("list_runs", _list_runs), methods=["GET"]),
-            Route("/v1/runs/{run_id}", self._wrap("run_status", _run_status), methods=["GET"]),
-            Route("/v1/runs/{run_id}/cancel", self._wrap("cancel", _cancel), methods=["POST"]),
-            Route("/v1/runs/{run_id}/log", self._wrap("read_run_log", _read_log), methods=["GET"]),
-            Route("/v1/runs/{run_id}/log/search", self._wrap("search_run_log", _search_log), methods=["GET"]),
-            Route("/v1/runs/{run_id}/files", self._wrap("list_run_files", _list_files), methods=["GET"]),
-            Route("/v1/runs/{run_id}/files/{path:path}", self._wrap("read_run_file", _read_file), methods=["GET"]),
-            Route("/v1/image/list", self._wrap("image_list", _image_list), methods=["GET"]),
-            Route("/v1/image/read", self._wrap("image_read", _image_read), methods=["GET"]),
-            Route("/v1/image/search", self._wrap("image_search", _image_search), methods=["GET"]),
-            Route("/v1/assumptions", self._wrap("record_assumption", _assumption), methods=["POST"]),
-            Route("/v1/stop", self._wrap("record_stop", _stop), methods=["POST"]),
-            Route("/v1/diagnoses", self._wrap("record_diagnosis", _diagnosis), methods=["POST"]),
-            # Anything else is refused, and audited like every other request.
-            Route("/{path:path}", self._wrap("unknown", _unknown, auth=False),
-                  methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]),
-        ]
+        routes = [Route(path, self._wrap(name, fn, auth=auth), methods=list(methods))
+                  for name, methods, path, fn, auth in ROUTES]
 
         @contextlib.asynccontextmanager
         async def lifespan(app: Starlette):  # type: ignore[no-untyped-def]
@@ -307,46 +288,55 @@ class Broker:
                     return self._refuse(handle, base, 400, "bad_request", str(exc))
                 if not isinstance(body, dict):
                     return self._refuse(handle, base, 400, "bad_request", "the body must be a JSON object")
-            try:
-                status, payload, reason = await run_in_threadpool(
-                    fn, self, handle, dict(request.path_params), request.query_params, body
-                )
-            except NotFound as exc:
-                what = str(exc.args[0]) if exc.args else "?"
-                other = self.owner_of_run(what, handle) if handle is not None else None
-                audit_reason = (f"out of scope: run {what!r} belongs to another campaign" if other
-                                else f"no run {what!r} in this campaign")
-                return self._refuse(handle, base, 404, "not_found", f"no run {what!r} in this campaign",
-                                    audit_reason=audit_reason)
-            except FileAccessError as exc:
-                status = {"not_found": 404, "out_of_scope": 403, "too_large": 413}.get(exc.code, 400)
-                audit_reason = f"out of scope: {exc.message}" if exc.code == "out_of_scope" else exc.message
-                return self._refuse(handle, base, status, exc.code, exc.message, audit_reason=audit_reason)
-            except ValidationError as exc:
-                problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-                return self._refuse(handle, base, 422, "bad_request", problems)
-            except (RecordError, _BadQuery) as exc:
-                return self._refuse(handle, base, 409 if isinstance(exc, RecordError) else 400,
-                                    "refused" if isinstance(exc, RecordError) else "bad_request", str(exc))
-            except LedgerError as exc:
-                if exc.kind == "bad_request":  # a record the ledger refuses: the request's fault
-                    return self._refuse(handle, base, 422, "bad_request", str(exc))
-                log.exception("route %s failed", name)
-                return self._refuse(handle, base, 503, "unavailable", f"the campaign's ledger: {exc}")
-            except BackendError as exc:
-                log.exception("route %s failed", name)
-                return self._refuse(handle, base, 503, "unavailable", str(exc))
-            except (InputError, UnicodeError, RecursionError) as exc:  # bad input that got past the parsing
-                return self._refuse(handle, base, 400, "bad_request", f"{type(exc).__name__}: {str(exc)[:300]}")
-            except Exception as exc:  # never crash the broker on one request
-                log.exception("route %s failed", name)
-                return self._refuse(handle, base, 500, "internal", f"{type(exc).__name__}: {exc}")
-            allowed = status < 400
-            self.audit(handle, {**base, "allowed": allowed, "status": status,
-                                "reason": reason or ("ok" if allowed else payload.get("reason"))})
+            status, payload, reason = await run_in_threadpool(
+                self.dispatch, name, fn, handle, dict(request.path_params), request.query_params, body)
+            self.audit(handle, {**base, "allowed": status < 400, "status": status, "reason": reason})
             return JSONResponse(payload, status_code=status)
 
         return endpoint
+
+    def dispatch(self, name: str, fn: Handler, handle: CampaignHandle | None, path_params: dict[str, Any],
+                 query: Any, body: dict[str, Any] | None) -> tuple[int, dict[str, Any], str | None]:
+        """Run one route's handler: (status, payload, the audit's reason). Every exception a handler may
+        raise becomes its status and error code here, for the HTTP app and the in-process client alike
+        (`broker.inprocess`)."""
+
+        def refuse(status: int, code: str, reason: str,
+                   audit_reason: str | None = None) -> tuple[int, dict[str, Any], str | None]:
+            return status, {"error": code, "reason": reason}, audit_reason or reason
+
+        try:
+            status, payload, reason = fn(self, handle, path_params, query, body)
+        except NotFound as exc:
+            what = str(exc.args[0]) if exc.args else "?"
+            other = self.owner_of_run(what, handle) if handle is not None else None
+            audit_reason = (f"out of scope: run {what!r} belongs to another campaign" if other
+                            else f"no run {what!r} in this campaign")
+            return refuse(404, "not_found", f"no run {what!r} in this campaign", audit_reason)
+        except FileAccessError as exc:
+            status = {"not_found": 404, "out_of_scope": 403, "too_large": 413}.get(exc.code, 400)
+            audit_reason = f"out of scope: {exc.message}" if exc.code == "out_of_scope" else exc.message
+            return refuse(status, exc.code, exc.message, audit_reason)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+            return refuse(422, "bad_request", problems)
+        except (RecordError, _BadQuery) as exc:
+            return refuse(409 if isinstance(exc, RecordError) else 400,
+                          "refused" if isinstance(exc, RecordError) else "bad_request", str(exc))
+        except LedgerError as exc:
+            if exc.kind == "bad_request":  # a record the ledger refuses: the request's fault
+                return refuse(422, "bad_request", str(exc))
+            log.exception("route %s failed", name)
+            return refuse(503, "unavailable", f"the campaign's ledger: {exc}")
+        except BackendError as exc:
+            log.exception("route %s failed", name)
+            return refuse(503, "unavailable", str(exc))
+        except (InputError, UnicodeError, RecursionError) as exc:  # bad input that got past the parsing
+            return refuse(400, "bad_request", f"{type(exc).__name__}: {str(exc)[:300]}")
+        except Exception as exc:  # never crash the broker on one request
+            log.exception("route %s failed", name)
+            return refuse(500, "internal", f"{type(exc).__name__}: {exc}")
+        return status, payload, reason or ("ok" if status < 400 else payload.get("reason"))
 
     def _refuse(self, handle: CampaignHandle | None, base: dict[str, Any], status: int, code: str, reason: str,
                 audit_reason: str | None = None) -> JSONResponse:
@@ -538,6 +528,32 @@ def _diagnosis(b: Broker, h: CampaignHandle, p: Any, q: Any, body: dict[str, Any
 
     row = record_diagnosis(h.dir, body.get("run_id"), body.get("diagnosis"), body.get("bottleneck"))
     return 201, {"recorded": True, "seq": row.seq}, "diagnosis recorded"
+
+
+# ------------------------------------------------------------------------------------ routes
+
+# (audit name, methods, path, handler, needs the campaign's token): the HTTP app's routes, and the
+# in-process client's (`broker.inprocess`), in matching order.
+ROUTES: list[tuple[str, tuple[str, ...], str, Handler, bool]] = [
+    ("health", ("GET",), "/v1/health", _health, False),
+    ("campaign_status", ("GET",), "/v1/campaign", _campaign, True),
+    ("launch", ("POST",), "/v1/runs", _launch, True),
+    ("list_runs", ("GET",), "/v1/runs", _list_runs, True),
+    ("run_status", ("GET",), "/v1/runs/{run_id}", _run_status, True),
+    ("cancel", ("POST",), "/v1/runs/{run_id}/cancel", _cancel, True),
+    ("read_run_log", ("GET",), "/v1/runs/{run_id}/log", _read_log, True),
+    ("search_run_log", ("GET",), "/v1/runs/{run_id}/log/search", _search_log, True),
+    ("list_run_files", ("GET",), "/v1/runs/{run_id}/files", _list_files, True),
+    ("read_run_file", ("GET",), "/v1/runs/{run_id}/files/{path:path}", _read_file, True),
+    ("image_list", ("GET",), "/v1/image/list", _image_list, True),
+    ("image_read", ("GET",), "/v1/image/read", _image_read, True),
+    ("image_search", ("GET",), "/v1/image/search", _image_search, True),
+    ("record_assumption", ("POST",), "/v1/assumptions", _assumption, True),
+    ("record_stop", ("POST",), "/v1/stop", _stop, True),
+    ("record_diagnosis", ("POST",), "/v1/diagnoses", _diagnosis, True),
+    # Anything else is refused, and audited like every other request.
+    ("unknown", ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"), "/{path:path}", _unknown, False),
+]
 
 
 # ------------------------------------------------------------------------------------ serving

@@ -31,13 +31,20 @@ class BrokerControlPlane:
         self.client = client
         self.run_timeout_s = run_timeout_s
         self.poll_s = poll_s
+        self._status: dict[str, Any] | None = None
+        self.concurrency = 1
         self.concurrency = int(self._campaign()["concurrency"])
 
     def _campaign(self) -> dict[str, Any]:
-        status, payload = self.client.call("GET", "/v1/campaign")
-        if status != 200:
-            raise RuntimeError(f"the broker refused the campaign status: {payload}")
-        return payload
+        """The campaign's status. One run at a time, it is asked once between two launches: the driver's
+        can_launch and leader_tps before one launch read the same answer. With several runs in flight it
+        is asked every time (another thread's launch or result may have changed it)."""
+        if self._status is None or self.concurrency > 1:
+            status, payload = self.client.call("GET", "/v1/campaign")
+            if status != 200:
+                raise RuntimeError(f"the broker refused the campaign status: {payload}")
+            self._status = payload
+        return self._status
 
     def can_launch(self) -> bool:
         c = self._campaign()
@@ -55,6 +62,13 @@ class BrokerControlPlane:
         return float(c["leader"]["tokens_per_s_per_gpu"] or c["calibration"]["mean"])
 
     def evaluate(self, candidate: Candidate, prune_below: float | None) -> Outcome:
+        self._status = None
+        try:
+            return self._evaluate(candidate, prune_below)
+        finally:
+            self._status = None
+
+    def _evaluate(self, candidate: Candidate, prune_below: float | None) -> Outcome:
         changes = split_changes(candidate.changes)
         new_flags = [k for k, v in candidate.changes.items() if k.startswith("--") and v not in (None, False)]
         status, p = self.client.launch(
@@ -83,6 +97,7 @@ class BrokerControlPlane:
             "diagnosis": f"{candidate.lever} (tuner, no profile read): {what}"})
 
     def record_stop(self, evidence: dict[str, Any]) -> None:
+        self._status = None
         levers = [str(x) for x in evidence.get("levers_tested") or []] or ["(none)"]
         diagnosis = (f"{evidence.get('tuner', 'tuner')}: {evidence.get('reason', 'stopped')}; "
                      f"{evidence.get('launches', 0)} launches, {evidence.get('failed', 0)} failed")

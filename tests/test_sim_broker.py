@@ -1,4 +1,4 @@
-"""A whole simulated campaign through the real broker (not the in-process plane): `attune tune` on the
+"""A whole simulated campaign through the real broker over HTTP (`--transport http`): `attune tune` on the
 MiniMax-M2 example with the sim backend. Calibration, the heuristic search, the stop, shipping with
 the gate's check runs, the final re-measurement and the report all go through the same control plane
 as a real cluster's campaign; only the cluster is simulated (a test bed, not a claim about GPUs)."""
@@ -24,7 +24,8 @@ def test_simulated_campaign_through_the_broker_ships_a_checked_recipe(tmp_path: 
     d.mkdir()
     shutil.copy(EXAMPLE, d / "campaign.yaml")
     res = subprocess.run([sys.executable, "-m", "attune", "tune", str(d / "campaign.yaml"), "--tuner", "heuristic",
-                          "--quiet", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                          "--transport", "http", "--quiet", "--json"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
     try:
         assert res.returncode == 0, res.stderr[-3000:]
         out = json.loads(res.stdout)

@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 
 from attune.measure import beats
-from attune.tuners import HeuristicTuner, RandomTuner, TPETuner
 from attune.tuners.base import Candidate, Outcome, recipe_key, split_changes
 from attune.tuners.driver import drive
+from attune.tuners.heuristic import HeuristicTuner
+from attune.tuners.random_search import RandomTuner
+from attune.tuners.tpe import TPETuner
 
 SPACE: dict[str, list[Any]] = {
     "--micro-batch-size": [1, 2, 4, 8, 16],

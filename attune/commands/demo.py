@@ -19,6 +19,7 @@ from typing import Any
 from attune.campaign_paths import CAMPAIGN_FILE
 from attune.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from attune.output import add_json_flag, emit_json
+from attune.tuners.registry import BUILT_IN
 from attune.vocab import RECIPE_FAILURES, RunKind
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +29,7 @@ DEMO_CAMPAIGN = ROOT / "examples" / "campaigns" / "tinygpt-local" / CAMPAIGN_FIL
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run a whole tuning campaign on tinygpt on this machine (about 10 minutes)")
     p.add_argument("--dir", default="attune-demo", help="campaign directory to create or resume (default: ./attune-demo)")
-    p.add_argument("--tuner", default="heuristic", choices=("heuristic", "tpe", "tpe-prefilter", "random"),
+    p.add_argument("--tuner", default="heuristic", choices=BUILT_IN,
                    help="the built-in tuner (default: heuristic)")
     p.add_argument("--max-passes", type=int, default=2, help="heuristic: passes over the levers at most")
     p.add_argument("--seed", type=int, default=0)

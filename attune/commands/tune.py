@@ -18,13 +18,14 @@ from pathlib import Path
 from attune.campaign_paths import CAMPAIGN_FILE
 from attune.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from attune.output import add_json_flag, emit_json
+from attune.tuners.registry import TRANSPORTS, TUNE_CHOICES
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="run (or resume) a whole campaign: calibrate, search, ship, report")
     p.add_argument("campaign", help="campaign.yaml (or the campaign directory holding it)")
     p.add_argument("--tuner", default="claude",
-                   choices=("claude", "heuristic", "tpe", "tpe-prefilter", "random"),
+                   choices=TUNE_CHOICES,
                    help="who searches: headless Claude Code with the plugin (default) or a built-in tuner")
     p.add_argument("--seed", type=int, default=0, help="the built-in tuner's seed")
     p.add_argument("--max-passes", type=int, default=3, help="heuristic: passes over the levers at most")
@@ -32,6 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the Claude Code CLI (default: $ATTUNE_CLAUDE or claude on PATH)")
     p.add_argument("--claude-args", default="", help="extra arguments for claude, one shell-quoted string")
     p.add_argument("--max-attempts", type=int, default=20, help="claude: sessions (start + resumes) at most")
+    p.add_argument("--transport", default="auto", choices=TRANSPORTS,
+                   help="how to reach the broker: auto (in this process for a built-in tuner on a simulated "
+                        "cluster with budget.concurrency 1, else HTTP), http, or in-process")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     add_json_flag(p)
     p.set_defaults(func=run)
@@ -60,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     runner = CampaignRunner(d, args.tuner, seed=args.seed, max_passes=args.max_passes, claude=args.claude,
                             claude_args=shlex.split(args.claude_args), max_attempts=args.max_attempts,
+                            transport=args.transport,
                             say=None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True)))
     from broker.client import stops_the_broker_it_starts
 

@@ -1,12 +1,14 @@
-"""Built-in tuners that drive the same control plane as the agent."""
+"""Built-in tuners that drive the same control plane as the agent.
+
+The registry of their names is `attune.tuners.registry`; `attune.tuners.factory.make_tuner` builds
+one for a campaign. Import the tuners from their modules (`attune.tuners.tpe`, ...): this package
+stays light so that the command line can list the choices without importing Optuna.
+"""
 
 from __future__ import annotations
 
-from attune.tuners.base import Candidate, Outcome, Tuner
-from attune.tuners.heuristic import HeuristicTuner
-from attune.tuners.random_search import RandomTuner
-from attune.tuners.tpe import TPETuner
+from attune.tuners.registry import BUILT_IN
 
-TUNERS = ("heuristic", "tpe", "tpe-prefilter", "random")
+TUNERS = BUILT_IN
 
-__all__ = ["TUNERS", "Candidate", "HeuristicTuner", "Outcome", "RandomTuner", "TPETuner", "Tuner"]
+__all__ = ["BUILT_IN", "TUNERS"]

@@ -9,6 +9,7 @@ calibration mean (and the control plane refuses identical recipes anyway).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -58,10 +59,13 @@ def drive(
     res = DriveResult()
     exhausted = False
     budget_out = False
-    with cf.ThreadPoolExecutor(max_workers=max(1, cp.concurrency)) as pool:
+    width = max(1, cp.concurrency)
+    # One run at a time is evaluated in this thread: the order of outcomes, hence the campaign, is then
+    # determined by the tuner's seed and the control plane alone.
+    with (cf.ThreadPoolExecutor(max_workers=width) if width > 1 else contextlib.nullcontext()) as pool:
         inflight: dict[cf.Future[Outcome], Candidate] = {}
         while True:
-            while not exhausted and not budget_out and len(inflight) < max(1, cp.concurrency):
+            while not exhausted and not budget_out and len(inflight) < width:
                 if not cp.can_launch():
                     budget_out = True
                     break
@@ -74,7 +78,12 @@ def drive(
                     tuner.tell(cand, Outcome(run_id=None, outcome=RunOutcome.OK, tokens_per_s_per_gpu=base, valid=True))
                     continue
                 prune = cp.leader_tps() * EARLY_ABORT_FRACTION if early_abort else None
-                inflight[pool.submit(cp.evaluate, cand, prune)] = cand
+                if pool is None:
+                    fut: cf.Future[Outcome] = cf.Future()
+                    fut.set_result(cp.evaluate(cand, prune))
+                else:
+                    fut = pool.submit(cp.evaluate, cand, prune)
+                inflight[fut] = cand
             if not inflight:
                 break
             done, _ = cf.wait(list(inflight), return_when=cf.FIRST_COMPLETED)

@@ -9,19 +9,19 @@ front of TPE where the model's shapes and the accelerator's memory are known.
 
 from __future__ import annotations
 
-import contextlib
-import io
 from collections.abc import Callable
 from typing import Any
 
 from attune.spec import CampaignSpec
 from attune.tuners.base import ArgValue, Tuner
 from attune.tuners.heuristic import HeuristicTuner
+from attune.tuners.knobs import KNOB_PRIORITY, KnobSpace
+from attune.tuners.prefilter import memory_prefilter
 from attune.tuners.random_search import RandomTuner
+from attune.tuners.registry import REGISTRY, TUNE_CHOICES
 from attune.tuners.tpe import TPETuner
 
 SIZE_ORDER = {"large": 0, "medium": 1, "varies": 2, "small": 3, "negligible": 4}
-BUILT_IN = ("heuristic", "tpe", "tpe-prefilter", "random")
 
 
 class TunerSetupError(ValueError):
@@ -73,48 +73,6 @@ def catalog_guidance(spec: CampaignSpec, keys: list[str]) -> tuple[list[str], di
         helps = lv.helps_when[0] if lv.helps_when else ""
         hypotheses[key] = f"{lv.id}: {' '.join(lv.mechanism.split())} Helps when {helps}"
     return order, hypotheses
-
-
-def memory_prefilter(spec: CampaignSpec) -> tuple[Callable[[dict[str, ArgValue]], str | None] | None, str]:
-    """The skill's memory estimate as a filter, where it applies; (None, why not) otherwise."""
-    from attune.layouts import LayoutError, find_model
-    from attune.memory_estimate import accelerator_gib
-    from attune.skilltools import memory_main
-
-    try:
-        find_model(spec.model)
-        accelerator_gib(spec.cluster.accelerator)
-    except (LayoutError, KeyError, ValueError) as exc:
-        return None, f"no memory estimate for {spec.model} on {spec.cluster.accelerator}: {exc}"
-
-    def degree(args: dict[str, Any], flag: str, default: int = 1) -> int:
-        v = args.get(flag)
-        return int(v) if v not in (None, False, True) else default
-
-    def skip(full: dict[str, ArgValue]) -> str | None:
-        args = {**spec.baseline.args, **{k: v for k, v in full.items() if k.startswith("--")}}
-        recompute = args.get("--recompute-granularity") or ("selective" if args.get("--recompute-activations")
-                                                            else "none")
-        argv = ["--model", spec.model, "--gpus", str(spec.cluster.gpus), "--accelerator", spec.cluster.accelerator,
-                "--tp", str(degree(args, "--tensor-model-parallel-size")),
-                "--pp", str(degree(args, "--pipeline-model-parallel-size")),
-                "--cp", str(degree(args, "--context-parallel-size")),
-                "--micro-batch", str(degree(args, "--micro-batch-size")),
-                "--global-batch", str(spec.workload.global_batch), "--seq-length", str(spec.workload.seq_length),
-                "--recompute", str(recompute)]
-        if args.get("--expert-model-parallel-size"):
-            argv += ["--ep", str(degree(args, "--expert-model-parallel-size"))]
-        if args.get("--num-virtual-stages-per-pipeline-rank"):
-            argv += ["--vp", str(degree(args, "--num-virtual-stages-per-pipeline-rank"))]
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            code = memory_main(argv + ["--json"])
-        if code == 1:
-            return "the memory estimate says a stage does not fit"
-        if code == 2:
-            return "the layout is infeasible for this model and GPU count"
-        return None
-
-    return skip, "memory estimate of the skill's helpers"
 
 
 DEGREE_FLAGS = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
@@ -214,26 +172,51 @@ def layout_coupler(spec: CampaignSpec) -> Callable[[dict[str, ArgValue], str, Ar
     return couple
 
 
-def make_tuner(spec: CampaignSpec, name: str, seed: int = 0, max_passes: int = 3) -> Tuner:
+def _heuristic(spec: CampaignSpec, seed: int, max_passes: int, knobs: KnobSpace | None) -> Tuner:
+    if knobs is not None:
+        return HeuristicTuner(knobs.space, knobs.baseline(), seed=seed, priority=list(KNOB_PRIORITY),
+                              max_passes=max_passes, memory_retry=False)
     space, baseline = space_and_baseline(spec)
-    if name == "heuristic":
-        order, hypotheses = catalog_guidance(spec, list(space))
-        couple = layout_coupler(spec)
-        extra = {}
-        for f in (*SPLIT_FLAGS, *RECOMPUTE_FLAGS, "--recompute-granularity", *DEGREE_FLAGS.values()):
-            if f not in space:
-                v = spec.baseline.args.get(f)
-                extra[f] = None if v is False else v
-        return HeuristicTuner(space, baseline, seed=seed, priority=order, hypotheses=hypotheses,
-                              max_passes=max_passes, couple=couple, extra_baseline=extra,
-                              memory_retry=spec.framework == "megatron-lm" or "--recompute-granularity" in space)
-    if name == "random":
-        return RandomTuner(space, baseline, seed=seed)
-    if name == "tpe":
-        return TPETuner(space, baseline, seed=seed)
-    if name == "tpe-prefilter":
-        prefilter, _why = memory_prefilter(spec)
-        tuner = TPETuner(space, baseline, seed=seed, prefilter=prefilter)
-        tuner.name = "tpe-prefilter"
-        return tuner
-    raise TunerSetupError(f"--tuner: expected one of claude, {', '.join(BUILT_IN)}; got {name!r}")
+    order, hypotheses = catalog_guidance(spec, list(space))
+    couple = layout_coupler(spec)
+    extra = {}
+    for f in (*SPLIT_FLAGS, *RECOMPUTE_FLAGS, "--recompute-granularity", *DEGREE_FLAGS.values()):
+        if f not in space:
+            v = spec.baseline.args.get(f)
+            extra[f] = None if v is False else v
+    return HeuristicTuner(space, baseline, seed=seed, priority=order, hypotheses=hypotheses,
+                          max_passes=max_passes, couple=couple, extra_baseline=extra,
+                          memory_retry=spec.framework == "megatron-lm" or "--recompute-granularity" in space)
+
+
+def _space(spec: CampaignSpec, knobs: KnobSpace | None) -> tuple[dict[str, list[ArgValue]], dict[str, ArgValue]]:
+    return (knobs.space, knobs.baseline()) if knobs is not None else space_and_baseline(spec)
+
+
+def _tpe(spec: CampaignSpec, seed: int, max_passes: int, knobs: KnobSpace | None) -> Tuner:
+    return TPETuner(*_space(spec, knobs), seed=seed)
+
+
+def _tpe_prefilter(spec: CampaignSpec, seed: int, max_passes: int, knobs: KnobSpace | None) -> Tuner:
+    prefilter = knobs.prefilter() if knobs is not None else memory_prefilter(spec)[0]
+    tuner = TPETuner(*_space(spec, knobs), seed=seed, prefilter=prefilter)
+    tuner.name = "tpe-prefilter"
+    return tuner
+
+
+def _random(spec: CampaignSpec, seed: int, max_passes: int, knobs: KnobSpace | None) -> Tuner:
+    return RandomTuner(*_space(spec, knobs), seed=seed)
+
+
+_BUILDERS: dict[str, Callable[[CampaignSpec, int, int, KnobSpace | None], Tuner]] = {
+    "heuristic": _heuristic, "tpe": _tpe, "tpe-prefilter": _tpe_prefilter, "random": _random}
+assert set(_BUILDERS) == set(REGISTRY), "every registered tuner has a builder here"
+
+
+def make_tuner(spec: CampaignSpec, name: str, seed: int = 0, max_passes: int = 3,
+               knobs: KnobSpace | None = None) -> Tuner:
+    """The built-in tuner `name` (attune.tuners.registry) for the campaign: over its `search_space`, or
+    over a frozen knob space (`attune.tuners.knobs`, Table E1) when `knobs` is given."""
+    if name not in REGISTRY:
+        raise TunerSetupError(f"--tuner: expected one of {', '.join(TUNE_CHOICES)}; got {name!r}")
+    return _BUILDERS[name](spec, seed, max_passes, knobs)
