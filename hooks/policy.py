@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import posix
 
+from attune import plugin_servers
+from attune.containment import inside
 from hooks import lightos as os  # os without `import os` (see hooks/lightos.py)
 from hooks import runtime, shell
 
@@ -35,8 +37,8 @@ TYPE_CHECKING = False  # no typing import at run time: hooks start on every tool
 if TYPE_CHECKING:
     from typing import Any
 
-ATTUNE_SERVERS = ("broker", "metrics", "traces", "gate")
-MCP_PREFIX = "mcp__plugin_attune_"
+ATTUNE_SERVERS = plugin_servers.SERVERS
+MCP_PREFIX = plugin_servers.TOOL_PREFIX
 SKILL_SCRIPTS = os.path.join("skills", "attune", "scripts")
 NOTES_DIR = "notes"
 
@@ -175,10 +177,6 @@ def deny(reason: str, subject: str = "") -> Decision:
     return Decision("deny", reason, subject)
 
 
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
-
-
 def category(name: str) -> str | None:
     base = os.path.basename(name)
     for why, names in _CATEGORIES:
@@ -261,9 +259,9 @@ class Policy:
         real = self.real(path)
         if real in ("/dev/null",):
             return True
-        if any(_inside(real, u) for u in self.unreadable):
+        if any(inside(real, u) for u in self.unreadable):
             return False
-        return any(_inside(real, r) for r in self.read_roots)
+        return any(inside(real, r) for r in self.read_roots)
 
     def write_problem(self, path: str) -> str | None:
         """None if the path may be written, else why not."""
@@ -271,13 +269,13 @@ class Policy:
         if real == "/dev/null":
             return None
         for p in self.protected:
-            if p == self.plugin_root and _inside(real, self.campaign):
+            if p == self.plugin_root and inside(real, self.campaign):
                 continue  # a campaign inside the plugin's tree (examples/) keeps its notes writable
-            if _inside(real, p):
-                if _inside(real, self.plugin_root):
+            if inside(real, p):
+                if inside(real, self.plugin_root):
                     return f"{path} is part of the attune plugin (code, skill, correctness lists): never writable"
                 return f"{path} is protected (the ledger, campaign spec, policy, logs, runs and settings are never writable)"
-        if any(_inside(real, r) for r in self.write_roots):
+        if any(inside(real, r) for r in self.write_roots):
             return None
         return f"{path} is outside the campaign's notes ({self.notes}): writes go only to the notes"
 
@@ -285,7 +283,7 @@ class Policy:
         if self.readable(path):
             return None
         real = self.real(path)
-        if any(_inside(real, u) for u in self.unreadable):
+        if any(inside(real, u) for u in self.unreadable):
             return f"{path} is closed to {what} (the broker's endpoint and token, the ledger keys, the plugin's data)"
         return f"{path} is outside the campaign's allow-list for {what} (the campaign, the plugin, policy.yaml read_paths)"
 
@@ -436,7 +434,7 @@ class Policy:
             files = [v if isinstance(v, str) else v.text for k, v in parts if k == "file"] or ["."]  # type: ignore[union-attr]
             for f in files:
                 real = self.real(f)
-                held = [u for u in self.unreadable if _inside(u, real)]
+                held = [u for u in self.unreadable if inside(u, real)]
                 if held:
                     return deny(f"shell command denied: {name} would search {f} recursively, and it holds "
                                 f"{held[0]} (the broker's token, the ledger keys or the plugin's data): "
@@ -488,13 +486,13 @@ class Policy:
         return allow("read-only command find", subject)
 
     def _is_skill_script(self, real: str) -> bool:
-        return _inside(real, self.scripts_dir) and real != self.scripts_dir and os.path.isfile(real)
+        return inside(real, self.scripts_dir) and real != self.scripts_dir and os.path.isfile(real)
 
     def _interpreter_ok(self, real: str) -> bool:
         base = os.path.basename(real)
         if not (_is_python(base) or base.startswith("python")):
             return False
-        return not any(_inside(real, r) for r in self.write_roots) and os.access(real, os.X_OK)
+        return not any(inside(real, r) for r in self.write_roots) and os.access(real, os.X_OK)
 
     def _python(self, args: list[shell.Word], subject: str) -> Decision:
         i = 0
@@ -583,7 +581,7 @@ class Policy:
                         "are used in a campaign session", tool)
         if tool == "ReadMcpResourceTool":
             server = str(tool_input.get("server", ""))
-            if server in {f"plugin:attune:{s}" for s in ATTUNE_SERVERS}:
+            if server in {f"plugin:{plugin_servers.PLUGIN}:{s}" for s in ATTUNE_SERVERS}:
                 return allow("a resource of attune's servers", server)
             return deny(f"ReadMcpResourceTool denied: server {server!r} is not one of attune's", server)
         if tool in SAFE_TOOLS or tool in self.extra_tools:

@@ -63,13 +63,16 @@ def outside_by_env() -> bool:
             and find_campaign({}) is None)
 
 
-def read_event(raw: str) -> tuple[dict[str, Any], str] | None:
+def read_event(raw: str, limit: int | None = None) -> tuple[dict[str, Any], str] | None:
     """Parse a hook's input and find its campaign; None when the hook has nothing to do here.
 
-    Raises on a malformed payload or a Python older than 3.11, so that the calling hook fails closed.
+    Raises on a malformed payload, an input over `limit` characters or a Python older than 3.11, so
+    that the calling hook fails closed.
     """
     if outside_by_env():
         return None
+    if limit is not None and len(raw) > limit:
+        raise ValueError(f"the hook input is over {limit} characters")
     from hooks import hookjson as json
 
     payload = json.loads(raw or "{}")
