@@ -23,6 +23,10 @@ Routes (JSON in, JSON out; see docs/broker.md for the shapes):
                                              search rules' codes and missing items)
     POST /v1/diagnoses                       record one finished run's diagnosis
 
+The request and answer shapes are broker/wire.py's models (shared with the broker MCP server). Every
+handler has one signature, `(Call) -> Reply`: the campaign, path parameters, query and body in, the
+status, the answer (a wire model) and the audit reason out; `ROUTES` maps the routes to them.
+
 A monitor thread polls every campaign's runs in flight (start, hang watchdog, finish).
 """
 
