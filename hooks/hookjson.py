@@ -5,9 +5,6 @@ PreToolUse hook's own start-up. The hooks parse one small object and write one l
 same C code `json` uses, reached directly. Where `_json` is missing (another Python), `json` is used.
 `loads` accepts what `json.loads` accepts; `dumps` writes what `json.dumps` writes for dicts, lists,
 strings, numbers, booleans and None (other values: `default`, else TypeError).
-
-`run_hook` is every hook's fail-closed skeleton: bounded input, find the campaign, decide, answer
-with a deny or a block on any exception, one JSON line out, exit status 0.
 """
 
 from __future__ import annotations
@@ -130,61 +127,3 @@ def _dump(obj: Any, out: list[str], enc: Callable[[str], str], default: Callable
     else:
         raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
 
-
-# ---------------------------------------------------------------- the hooks' fail-closed skeleton
-
-MAX_INPUT_CHARS = 16 * 1024 * 1024  # a hook's input (a Write's content included); more is refused
-
-
-class HookRun:
-    """One hook invocation: its input and campaign (once known), and what runs after the answer is written."""
-
-    def __init__(self, event: str) -> None:
-        self.event = event
-        self.payload: dict[str, Any] = {}
-        self.campaign: str | None = None
-        self.after: Callable[[], None] | None = None  # e.g. ending a headless session once the answer is out
-
-
-def run_hook(event: str, decide: Callable[[HookRun], dict[str, Any] | None],
-             refuse: Callable[[HookRun, BaseException], dict[str, Any]], fail_decision: str | None = None,
-             stdin: Any = None, stdout: Any = None) -> int:
-    """What every attune hook does, in one place, failing closed.
-
-    Reads the hook's input from stdin (at most MAX_INPUT_CHARS characters), finds its campaign
-    (`hooks.runtime.read_event`; outside a campaign the hook prints nothing), calls `decide(run)` for
-    the answer (None: print nothing). Any exception, from reading to deciding, is answered by
-    `refuse(run, exc)` (a deny or a block with the reason) and, inside a campaign, logged with
-    `fail_decision`. The answer is written as one JSON line; the exit status is always 0 (Claude Code
-    reads the decision from the JSON, and lets a crashed hook's call through)."""
-    import sys
-
-    stdin = sys.stdin if stdin is None else stdin
-    stdout = sys.stdout if stdout is None else stdout
-    run = HookRun(event)
-    out: dict[str, Any] | None
-    try:
-        from hooks import runtime
-
-        raw = stdin.read(MAX_INPUT_CHARS + 1)
-        found = runtime.read_event(raw, MAX_INPUT_CHARS)
-        if found is None:  # not in a campaign, or switched off: do nothing
-            return 0
-        run.payload, run.campaign = found
-        out = decide(run)
-    except BaseException as exc:  # fail closed
-        run.after = None
-        out = refuse(run, exc)
-        if run.campaign is not None and fail_decision is not None:
-            try:
-                from hooks import runtime
-
-                runtime.log_decision(run.campaign, {"event": event, "decision": fail_decision, "error": repr(exc)})
-            except BaseException:
-                pass
-    if out is not None:
-        stdout.write(dumps(out) + "\n")
-        stdout.flush()
-    if run.after is not None:
-        run.after()
-    return 0

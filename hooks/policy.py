@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import posix
 
-from attune import plugin_servers
 from attune.containment import inside
 from hooks import lightos as os  # os without `import os` (see hooks/lightos.py)
 from hooks import runtime, shell
@@ -37,8 +36,6 @@ TYPE_CHECKING = False  # no typing import at run time: hooks start on every tool
 if TYPE_CHECKING:
     from typing import Any
 
-ATTUNE_SERVERS = plugin_servers.SERVERS
-MCP_PREFIX = plugin_servers.TOOL_PREFIX
 SKILL_SCRIPTS = os.path.join("skills", "attune", "scripts")
 NOTES_DIR = "notes"
 
@@ -572,16 +569,21 @@ class Policy:
         if tool in WEB_TOOLS:
             return deny(f"{tool} denied: web tools are off in a campaign session")
         if tool.startswith("mcp__"):
-            server, sep, name = tool[len(MCP_PREFIX):].partition("__") if tool.startswith(MCP_PREFIX) else ("", "", "")
-            if sep and server in ATTUNE_SERVERS and name and name.replace("_", "").replace("-", "").isalnum():
+            from attune import plugin_servers  # the one server list (imported only for MCP tools)
+
+            prefix, servers = plugin_servers.TOOL_PREFIX, plugin_servers.SERVERS
+            server, sep, name = tool[len(prefix):].partition("__") if tool.startswith(prefix) else ("", "", "")
+            if sep and server in servers and name and name.replace("_", "").replace("-", "").isalnum():
                 return allow(f"attune's {server} server", tool)
             if tool in self.extra_tools:
                 return allow("listed in policy.yaml tools", tool)
-            return deny(f"{tool} denied: only attune's own MCP servers ({', '.join(ATTUNE_SERVERS)}) "
+            return deny(f"{tool} denied: only attune's own MCP servers ({', '.join(servers)}) "
                         "are used in a campaign session", tool)
         if tool == "ReadMcpResourceTool":
             server = str(tool_input.get("server", ""))
-            if server in {f"plugin:{plugin_servers.PLUGIN}:{s}" for s in ATTUNE_SERVERS}:
+            from attune import plugin_servers
+
+            if server in {f"plugin:{plugin_servers.PLUGIN}:{s}" for s in plugin_servers.SERVERS}:
                 return allow("a resource of attune's servers", server)
             return deny(f"ReadMcpResourceTool denied: server {server!r} is not one of attune's", server)
         if tool in SAFE_TOOLS or tool in self.extra_tools:

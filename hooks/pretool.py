@@ -87,6 +87,6 @@ def _refuse(run, exc):  # fail closed: a crash would let the call through
 
 
 def main():
-    from hooks import hookjson
+    from hooks import runtime
 
-    return hookjson.run_hook(EVENT, _decide, _refuse, fail_decision="deny")
+    return runtime.run_hook(EVENT, _decide, _refuse, fail_decision="deny")

@@ -225,9 +225,9 @@ def main():
     if HERE in sys.path:
         sys.path.remove(HERE)
     sys.path.insert(0, ROOT)
-    from hooks import hookjson
+    from hooks import runtime
 
-    return hookjson.run_hook(EVENT, _decide, _refuse)
+    return runtime.run_hook(EVENT, _decide, _refuse)
 
 
 if __name__ == "__main__":

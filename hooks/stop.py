@@ -144,12 +144,12 @@ def main():
         sys.path.remove(HERE)
     sys.path.insert(0, ROOT)
     try:
-        from hooks import hookjson
+        from hooks import runtime
     except BaseException as exc:  # fail closed even when the skeleton cannot be imported
         name = type(exc).__name__  # an identifier: safe inside a JSON string
         sys.stdout.write('{"decision": "block", "reason": "attune\'s Stop hook could not start (' + name + ')"}\n')
         return 0
-    return hookjson.run_hook(EVENT, _decide, _refuse, fail_decision="block")
+    return runtime.run_hook(EVENT, _decide, _refuse, fail_decision="block")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The hooks' one fail-closed skeleton (hooks.hookjson.run_hook), and codes, not prose, to the Stop hook."""
+"""The hooks' one fail-closed skeleton (hooks.runtime.run_hook), and codes, not prose, to the Stop hook."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from attune import search_rules, state
-from hooks import hookjson, stop
+from hooks import runtime, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,19 +28,19 @@ def camp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def _run(decide: Any, refuse: Any, text: str, fail: str | None = "deny") -> tuple[dict[str, Any] | None, Any]:
     out = io.StringIO()
-    rc = hookjson.run_hook("Test", decide, refuse, fail_decision=fail, stdin=io.StringIO(text), stdout=out)
+    rc = runtime.run_hook("Test", decide, refuse, fail_decision=fail, stdin=io.StringIO(text), stdout=out)
     assert rc == 0
     return (json.loads(out.getvalue()) if out.getvalue() else None), out
 
 
-def _refuse(run: hookjson.HookRun, exc: BaseException) -> dict[str, Any]:
+def _refuse(run: runtime.HookRun, exc: BaseException) -> dict[str, Any]:
     return {"decision": "deny", "reason": f"{type(exc).__name__}: {exc}"}
 
 
 def test_decide_gets_the_payload_and_campaign_and_its_answer_is_printed(camp: Path) -> None:
     seen: list[tuple[dict[str, Any], str | None]] = []
 
-    def decide(run: hookjson.HookRun) -> dict[str, Any]:
+    def decide(run: runtime.HookRun) -> dict[str, Any]:
         seen.append((run.payload, run.campaign))
         return {"decision": "allow", "n": run.payload["n"]}
 
@@ -50,7 +50,7 @@ def test_decide_gets_the_payload_and_campaign_and_its_answer_is_printed(camp: Pa
 
 
 def test_any_exception_is_answered_by_refuse_and_logged(camp: Path) -> None:
-    def decide(run: hookjson.HookRun) -> dict[str, Any]:
+    def decide(run: runtime.HookRun) -> dict[str, Any]:
         run.after = lambda: (_ for _ in ()).throw(AssertionError("after must not run on a refusal"))
         raise KeyError("boom")
 
@@ -61,12 +61,12 @@ def test_any_exception_is_answered_by_refuse_and_logged(camp: Path) -> None:
 
 
 def test_malformed_or_oversized_input_fails_closed(camp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def decide(run: hookjson.HookRun) -> dict[str, Any]:
+    def decide(run: runtime.HookRun) -> dict[str, Any]:
         raise AssertionError("decide must not run")
 
     out, _ = _run(decide, _refuse, "[1, 2")
     assert out is not None and out["decision"] == "deny"
-    monkeypatch.setattr(hookjson, "MAX_INPUT_CHARS", 16)
+    monkeypatch.setattr(runtime, "MAX_INPUT_CHARS", 16)
     out, _ = _run(decide, _refuse, json.dumps({"tool_name": "x" * 40}))
     assert out is not None and out["decision"] == "deny" and "over 16 characters" in out["reason"]
 
@@ -82,11 +82,11 @@ def test_after_runs_once_the_answer_is_written(camp: Path) -> None:
     order: list[str] = []
     buf = io.StringIO()
 
-    def decide(run: hookjson.HookRun) -> dict[str, Any]:
+    def decide(run: runtime.HookRun) -> dict[str, Any]:
         run.after = lambda: order.append("after:" + buf.getvalue().strip())
         return {"systemMessage": "x"}
 
-    hookjson.run_hook("Test", decide, _refuse, stdin=io.StringIO("{}"), stdout=buf)
+    runtime.run_hook("Test", decide, _refuse, stdin=io.StringIO("{}"), stdout=buf)
     assert order == ['after:{"systemMessage": "x"}']
 
 
