@@ -300,9 +300,10 @@ class Broker:
                 return self._refuse(handle, base, status, exc.code, exc.message, audit_reason=audit_reason)
             except ValidationError as exc:  # a body that does not fit its wire model
                 return self._refuse(handle, base, 422, "bad_request", _problems(exc))
-            except (RecordError, _BadQuery) as exc:
-                return self._refuse(handle, base, 409 if isinstance(exc, RecordError) else 400,
-                                    "refused" if isinstance(exc, RecordError) else "bad_request", str(exc))
+            except RecordError as exc:  # its code: "refused", or one a caller acts on (stop_already_recorded)
+                return self._refuse(handle, base, 409, exc.code, str(exc))
+            except _BadQuery as exc:
+                return self._refuse(handle, base, 400, "bad_request", str(exc))
             except LedgerError as exc:
                 if exc.kind == "bad_request":  # a record the ledger refuses: the request's fault
                     return self._refuse(handle, base, 422, "bad_request", str(exc))

@@ -88,5 +88,5 @@ class BrokerControlPlane:
         status, payload = self.client.call("POST", "/v1/stop", body={"levers_tested": levers, "diagnosis": diagnosis})
         if status == 409 and payload.get("error") == "stop_refused":
             raise StopRefusedError(list(payload.get("refusals") or []))
-        if status != 201 and "already recorded" not in str(payload.get("reason")):
+        if status != 201 and payload.get("error") != "stop_already_recorded":
             raise RuntimeError(f"the broker refused the stop record: {payload}")

@@ -74,11 +74,14 @@ def test_every_answer_of_a_real_campaign_fits_its_model(client: tuple[TestClient
         (wire.StopRefused, tc.post("/v1/stop", json={"levers_tested": ["never-run"], "diagnosis": "x"})),
         (wire.Recorded, tc.post("/v1/stop", json={"levers_tested": ["step"], "diagnosis": "x"})),
         (wire.ErrorAnswer, tc.get("/v1/nowhere")),
+        (wire.ErrorAnswer, tc.post("/v1/stop", json={"levers_tested": ["step"], "diagnosis": "again"})),
     ]
     for model, res in answers:
         assert res.status_code < 500, (model.__name__, res.text)
         parsed = model.model_validate(res.json())
         assert undeclared(parsed) == [], (model.__name__, res.request.url)
+    again = answers[-1][1]  # a second stop: refused by code, which the tuner plane matches (never the prose)
+    assert again.status_code == 409 and again.json()["error"] == "stop_already_recorded"
     summary = wire.CampaignSummary.model_validate(answers[3][1].json())
     status = wire.CampaignStatus.of(summary)  # the MCP tool's view of the same answer
     assert status.name == "wire-a" and status.calibration.band is not None and status.stop_recorded is False
