@@ -308,7 +308,7 @@ class SimControlPlane:
         if not l1.passed:
             return Outcome(run_id=None, outcome="refused", reason=f"gate layer 1: {l1.summary()}")
         if not self.can_launch():
-            return Outcome(run_id=None, outcome="refused", reason="budget: the next launch does not fit")
+            return Outcome(run_id=None, outcome="refused", reason="budget: the next launch does not fit", code="budget")
         self.tried.add(key)
         rec = self.launch(args, "search", changes=dict(candidate.changes), prune_below=prune_below)
         promoted = False

@@ -63,7 +63,8 @@ class BrokerControlPlane:
             prune_below=prune_below,
         )
         if status != 201 or not p.get("admitted"):
-            return Outcome(run_id=None, outcome="refused", reason=f"{p.get('code') or p.get('error')}: {p.get('reason')}")
+            code = p.get("code") or p.get("error")
+            return Outcome(run_id=None, outcome="refused", reason=f"{code}: {p.get('reason')}", code=code)
         run = self.client.wait(p["run_id"], timeout_s=self.run_timeout_s, interval_s=self.poll_s)
         self._diagnose(candidate, run)
         return Outcome(
