@@ -82,7 +82,12 @@ def start(campaign_dir: Path | str, list_sha256: str | None = None,
 
 
 class RecordError(Exception):
-    """A record the campaign refuses (missing evidence, a wrong leader)."""
+    """A record the campaign refuses (missing evidence, a wrong leader). `code`: a stable word for
+    callers that act on the refusal (the broker answers it as the error), never the prose."""
+
+    def __init__(self, message: str, code: str = "refused") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class StopRefused(RecordError):
@@ -162,7 +167,7 @@ def _append_stop(campaign_dir: Path | str, levers: list[str | None], text: str |
     if state.name is None:
         raise RecordError("the campaign has not started")
     if state.stop is not None:
-        raise RecordError(f"a stop is already recorded (ledger row {state.stop['seq']})")
+        raise RecordError(f"a stop is already recorded (ledger row {state.stop['seq']})", "stop_already_recorded")
     actual = state.leader_run_id
     if leader is not None and leader != actual:
         raise RecordError(f"the campaign's leader is {actual!r}, not {leader!r}")

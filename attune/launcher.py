@@ -29,11 +29,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from attune import plugin_servers
 from attune.campaign_paths import SESSION_FILE
 from attune.state import CampaignState, load
 
 STOP_HOOK_BLOCK_CAP = "1000"  # Claude Code's default is 8 consecutive blocks
-PLUGIN_SERVERS = ("broker", "metrics", "traces", "gate")
 GOAL = (
     "/goal Tune the training recipe of the attune campaign in this directory (campaign.yaml) for "
     "throughput with the attune skill, until the campaign's ledger has a stop recorded with evidence "
@@ -126,7 +126,7 @@ class ClaudeLauncher:
 
     def argv(self, session_id: str | None) -> list[str]:
         allowed = ",".join(
-            [f"mcp__plugin_attune_{s}" for s in PLUGIN_SERVERS] + ["Read", "Grep", "Glob", "Bash", "Edit", "Write"]
+            [plugin_servers.tool_prefix(s) for s in plugin_servers.SERVERS] + ["Read", "Grep", "Glob", "Bash", "Edit", "Write"]
         )
         cmd = [self.claude, "-p", RESUME_PROMPT if session_id else GOAL]
         if session_id:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attune.containment import inside
 from attune.job import JobSpec
 from attune.spec import ArgValue, CampaignSpec, is_env_name
 
@@ -201,7 +202,7 @@ def confine_paths(changes: Changes, run_dir: Path, workdir: Path, ctx: Mapping[s
                     f"{where}: {piece!r} names a home directory; a path in a candidate's value must be inside the "
                     "run's own directory (write {run_dir}/name)"))
             real = os.path.realpath(os.path.join(workdir, piece))
-            if real != base and not real.startswith(base + os.sep):
+            if not inside(real, base):
                 raise RunGenError("path_outside_run", (
                     f"{where}: {piece!r} resolves to {real}, outside the run's own directory: a path in a "
                     "candidate's value must be inside it (write {run_dir}/name)"))

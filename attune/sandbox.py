@@ -36,6 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from attune.campaign_paths import BROKER_DIR, CAMPAIGN_FILE, NOTES_DIR, POLICY_FILE, PROTECTED_IN_CAMPAIGN
+from attune.containment import inside
+
+__all__ = ["PROTECTED_IN_CAMPAIGN", "settings", "settings_json", "unavailable"]
 
 __all__ = ["PROTECTED_IN_CAMPAIGN", "settings", "settings_json", "unavailable"]
 
@@ -60,7 +63,7 @@ def _state_dir() -> Path:
 
 
 def _holds(d: Path, p: Path) -> bool:
-    return p == d or d in p.parents
+    return inside(p, d)
 
 
 def _other_campaigns(campaign: Path, plugin_root: Path) -> tuple[list[str], list[str]]:
@@ -103,7 +106,7 @@ def _deny_around(base: Path, keep: list[Path]) -> set[str]:
         p = base / e.name
         if p in keep:
             continue
-        if e.is_dir(follow_symlinks=False) and any(p in k.parents for k in keep):
+        if e.is_dir(follow_symlinks=False) and any(k != p and inside(k, p) for k in keep):
             out |= _deny_around(p, keep)
         else:
             out.add(str(p))
@@ -113,7 +116,7 @@ def _deny_around(base: Path, keep: list[Path]) -> set[str]:
 def _plugin_writes(root: Path, campaign: Path) -> tuple[list[str], set[str]]:
     """(allowed, denied) writes in the plugin: only the skill's lessons file (and temporary files next
     to it) stays writable, for add_lesson.py, and a campaign kept inside the plugin's tree."""
-    keep = [campaign] if root in campaign.parents else []
+    keep = [campaign] if campaign != root and inside(campaign, root) else []
     lessons_env = os.environ.get("ATTUNE_LESSONS_FILE")
     if lessons_env:
         return [str(Path(lessons_env).resolve().parent)], _deny_around(root, keep) if keep else {str(root)}

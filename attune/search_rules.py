@@ -50,6 +50,9 @@ DIMENSIONS = ("tp", "pp", "ep", "cp", "dp")
 RECOMPUTE_RANK = {None: 0, "none": 0, "selective": 1, "full": 2}
 OFFLOAD_FLAGS = ("--optimizer-cpu-offload", "--cpu-offloading")
 RULES_OFF = "off"
+# The codes `stop_refusals` answers with (a refused stop; the Stop hook's hints are keyed by them).
+STOP_RULE_CODES = ("calibration_incomplete", "levers_not_run", "rule4_lever_values", "rule4_layout_unprobed",
+                   "rule5_oom_not_retried", "rule6_winners_not_retested")
 # Rule 5 makes a layout and its memory savings one set: a new layout retried with recomputation or
 # offload added back is one change, whatever the catalog's couplings say.
 LAYOUT_LEVERS = frozenset({"tensor-parallel", "pipeline-parallel", "virtual-pipeline", "pipeline-stage-split",

@@ -39,6 +39,9 @@ from attune.measure import Calibration, beats, calibrate, gain
 from attune.vocab import RECIPE_FAILURES, RunKind, Verdict
 
 CHECK_KINDS = frozenset({"check"})
+# `CampaignState.stop_blockers()`'s own codes; a refused stop adds the search rules' codes
+# (attune.search_rules.STOP_RULE_CODES). The Stop hook chooses its hints by these codes, never by the prose.
+STOP_BLOCKER_CODES = ("not_started", "no_stop", "in_flight", "not_shipped")
 
 
 @dataclass

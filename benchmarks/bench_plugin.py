@@ -35,8 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from attune.ledger import Ledger  # noqa: E402
-
-SERVERS = ("broker", "metrics", "traces", "gate")
+from attune.plugin_servers import SERVERS  # noqa: E402
 
 
 def make_campaign(d: Path, rows: int) -> None:

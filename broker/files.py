@@ -16,6 +16,8 @@ from typing import Any
 
 import re2
 
+from attune.containment import inside
+
 MAX_LINES = 500  # lines per page
 MAX_BYTES = 64 * 1024  # bytes per page
 MAX_LINE_CHARS = 2000  # longer lines are cut (and say so)
@@ -53,7 +55,7 @@ def resolve_inside(root: Path, rel: str) -> Path:
         raise FileAccessError("out_of_scope", f"path {rel!r} leaves its root ('..' is not allowed)")
     base = root.resolve()
     target = (base / pure).resolve()
-    if target != base and base not in target.parents:
+    if not inside(target, base):
         raise FileAccessError("out_of_scope", f"path {rel!r} leads outside its root (through a link)")
     return target
 
@@ -276,7 +278,7 @@ class FileTree:
                         resolved = full.resolve()
                     except OSError:
                         continue
-                    if base not in resolved.parents:
+                    if resolved == base or not inside(resolved, base):
                         continue
                 rel = full.relative_to(base).as_posix()
                 yield full, f"{root.name}/{rel}"

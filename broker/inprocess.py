@@ -34,7 +34,7 @@ from broker.campaigns import CampaignHandle
 from broker.service import MAX_BODY_BYTES, MAX_JSON_DEPTH, ROUTES, Broker, Handler, _serve_locks, build_broker
 
 _COMPILED: list[tuple[str, tuple[str, ...], re.Pattern[str], Handler, bool]] = [
-    (name, methods, compile_path(path)[0], fn, auth) for name, methods, path, fn, auth in ROUTES]
+    (r.name, r.methods, compile_path(r.path)[0], r.handler, r.auth) for r in ROUTES]
 MAX_IDLE_POLLS = 100_000  # monitor steps in a row that change nothing before a wait gives up
 
 

@@ -23,6 +23,10 @@ Routes (JSON in, JSON out; see docs/broker.md for the shapes):
                                              search rules' codes and missing items)
     POST /v1/diagnoses                       record one finished run's diagnosis
 
+The request and answer shapes are broker/wire.py's models (shared with the broker MCP server). Every
+handler has one signature, `(Call) -> Reply`: the campaign, path parameters, query and body in, the
+status, the answer (a wire model) and the audit reason out; `ROUTES` maps the routes to them.
+
 A monitor thread polls every campaign's runs in flight (start, hang watchdog, finish).
 """
 
@@ -41,12 +45,13 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -64,9 +69,10 @@ from attune.campaign_paths import (
     CAMPAIGN_FILE,
     LEDGER_FILE,
 )
-from attune.launch import ControlError, LaunchRequest
+from attune.launch import ControlError
 from attune.ledger import LedgerError
 from attune.spec import SpecError
+from broker import wire
 from broker.backends import get_backend
 from broker.backends.base import Backend, BackendError
 from broker.campaigns import CampaignHandle, NotFound
@@ -128,9 +134,6 @@ def append_jsonl(path: Path, entry: dict[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------------------------ broker
-
-
-Handler = Callable[..., tuple[int, dict[str, Any], str | None]]
 
 
 class Broker:
@@ -243,8 +246,7 @@ class Broker:
 
     # --- the app ----------------------------------------------------------------------------
     def app(self) -> Starlette:
-        routes = [Route(path, self._wrap(name, fn, auth=auth), methods=list(methods))
-                  for name, methods, path, fn, auth in ROUTES]
+        routes = [Route(r.path, self._wrap(r.name, r.handler, auth=r.auth), methods=list(r.methods)) for r in ROUTES]
 
         @contextlib.asynccontextmanager
         async def lifespan(app: Starlette):  # type: ignore[no-untyped-def]
@@ -272,8 +274,8 @@ class Broker:
                 handle, why = self.authenticate(request)
                 if handle is None:
                     self.audit(None, {**base, "allowed": False, "status": 401, "reason": f"refused: {why}"})
-                    return JSONResponse({"error": "unauthorized", "reason": f"{why}: send Authorization: Bearer "
-                                         "<the campaign's token>"}, status_code=401)
+                    return JSONResponse(dump(wire.ErrorAnswer(error="unauthorized", reason=(
+                        f"{why}: send Authorization: Bearer <the campaign's token>"))), status_code=401)
             body: dict[str, Any] | None = None
             if request.method == "POST" and name != "unknown":
                 declared = request.headers.get("content-length", "0")
@@ -303,10 +305,11 @@ class Broker:
 
         def refuse(status: int, code: str, reason: str,
                    audit_reason: str | None = None) -> tuple[int, dict[str, Any], str | None]:
-            return status, {"error": code, "reason": reason}, audit_reason or reason
+            return status, dump(wire.ErrorAnswer(error=code, reason=reason)), audit_reason or reason
 
         try:
-            status, payload, reason = fn(self, handle, path_params, query, body)
+            status, answer, reason = fn(Call(self, handle, path_params, query, body))
+            payload = dump(answer)
         except NotFound as exc:
             what = str(exc.args[0]) if exc.args else "?"
             other = self.owner_of_run(what, handle) if handle is not None else None
@@ -317,12 +320,12 @@ class Broker:
             status = {"not_found": 404, "out_of_scope": 403, "too_large": 413}.get(exc.code, 400)
             audit_reason = f"out of scope: {exc.message}" if exc.code == "out_of_scope" else exc.message
             return refuse(status, exc.code, exc.message, audit_reason)
-        except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-            return refuse(422, "bad_request", problems)
-        except (RecordError, _BadQuery) as exc:
-            return refuse(409 if isinstance(exc, RecordError) else 400,
-                          "refused" if isinstance(exc, RecordError) else "bad_request", str(exc))
+        except ValidationError as exc:  # a body that does not fit its wire model
+            return refuse(422, "bad_request", _problems(exc))
+        except RecordError as exc:  # its code: "refused", or one a caller acts on (stop_already_recorded)
+            return refuse(409, exc.code, str(exc))
+        except _BadQuery as exc:
+            return refuse(400, "bad_request", str(exc))
         except LedgerError as exc:
             if exc.kind == "bad_request":  # a record the ledger refuses: the request's fault
                 return refuse(422, "bad_request", str(exc))
@@ -341,7 +344,7 @@ class Broker:
     def _refuse(self, handle: CampaignHandle | None, base: dict[str, Any], status: int, code: str, reason: str,
                 audit_reason: str | None = None) -> JSONResponse:
         self.audit(handle, {**base, "allowed": False, "status": status, "reason": audit_reason or reason})
-        return JSONResponse({"error": code, "reason": reason}, status_code=status)
+        return JSONResponse(dump(wire.ErrorAnswer(error=code, reason=reason)), status_code=status)
 
 
 # ------------------------------------------------------------------------------------ handlers
@@ -349,6 +352,74 @@ class Broker:
 
 class _BadQuery(Exception):
     pass
+
+
+Q = TypeVar("Q", bound=BaseModel)
+B = TypeVar("B", bound=BaseModel)
+A = TypeVar("A", bound=BaseModel)
+
+
+class _WireError(RuntimeError):
+    """An answer that does not fit its wire model: the broker's own bug (500), never the request's."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request as a handler sees it: the broker, the campaign its token names, the route's path
+    parameters, the query and the JSON body (POST routes; None otherwise)."""
+
+    broker: Broker
+    handle: CampaignHandle | None
+    path_params: Mapping[str, str]
+    query_params: Mapping[str, str]
+    body: dict[str, Any] | None = None
+
+    @property
+    def campaign(self) -> CampaignHandle:
+        if self.handle is None:  # only the routes without a token (health, unknown) have none
+            raise RuntimeError("this route needs the campaign's token")
+        return self.handle
+
+    @property
+    def run_id(self) -> str:
+        return self.path_params["run_id"]
+
+    def query(self, model: type[Q]) -> Q:
+        """The query, validated (a bad value is a 400 naming the parameter; empty values are unset)."""
+        try:
+            return model.model_validate({k: v for k, v in self.query_params.items() if v != ""})
+        except ValidationError as exc:
+            raise _BadQuery(_problems(exc)) from None
+
+    def parse_body(self, model: type[B]) -> B:
+        """The body, validated (a body that does not fit is a 422 naming the field)."""
+        return model.model_validate(self.body or {})
+
+
+class Reply(NamedTuple):
+    status: int
+    answer: BaseModel
+    audit: str | None = None  # the audit row's reason ("ok" when None and allowed)
+
+
+Handler = Callable[[Call], Reply]
+
+
+def _problems(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'the body'}: {e['msg']}" for e in exc.errors())
+
+
+def answer(model: type[A], data: Mapping[str, Any]) -> A:
+    """A handler's answer, built with its wire model."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _WireError(f"the answer does not fit {model.__name__}: {_problems(exc)}") from None
+
+
+def dump(a: BaseModel) -> dict[str, Any]:
+    """The JSON of an answer: the fields it was built with (no defaults added)."""
+    return a.model_dump(mode="json", exclude_unset=True)
 
 
 async def _read_body(request: Request, limit: int) -> bytes | None:
@@ -363,36 +434,13 @@ async def _read_body(request: Request, limit: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _int(q: Any, name: str, default: int | None, lo: int, hi: int) -> int | None:
-    raw = q.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        v = int(raw)
-    except ValueError:
-        raise _BadQuery(f"{name} must be an integer, got {raw!r}") from None
-    if not lo <= v <= hi:
-        raise _BadQuery(f"{name} must be between {lo} and {hi}, got {v}")
-    return v
+def _unknown(c: Call) -> Reply:
+    return Reply(404, wire.ErrorAnswer(error="not_found", reason=f"no such route: /{c.path_params.get('path', '')}"),
+                 "refused: no such route")
 
 
-def _bool(q: Any, name: str, default: bool) -> bool:
-    raw = q.get(name)
-    if raw is None:
-        return default
-    if raw.lower() in ("1", "true", "yes"):
-        return True
-    if raw.lower() in ("0", "false", "no"):
-        return False
-    raise _BadQuery(f"{name} must be true or false, got {raw!r}")
-
-
-def _unknown(b: Broker, h: None, p: dict[str, Any], q: Any, body: Any) -> tuple[int, dict[str, Any], str | None]:
-    return 404, {"error": "not_found", "reason": f"no such route: /{p.get('path', '')}"}, "refused: no such route"
-
-
-def _health(b: Broker, h: None, p: dict[str, Any], q: Any, body: Any) -> tuple[int, dict[str, Any], str | None]:
-    return 200, {"ok": True, "service": "attune-broker", "pid": os.getpid()}, None
+def _health(c: Call) -> Reply:
+    return Reply(200, wire.Health(ok=True, service="attune-broker", pid=os.getpid()))
 
 
 def shipping_status(s: Any) -> dict[str, Any]:
@@ -401,11 +449,11 @@ def shipping_status(s: Any) -> dict[str, Any]:
     return shipping.status(s)
 
 
-def campaign_summary(h: CampaignHandle) -> dict[str, Any]:
+def campaign_summary(h: CampaignHandle) -> wire.CampaignSummary:
     s = h.state()
     d = s.as_dict()
     in_flight = [h.run_summary(r) for r in s.in_flight]
-    return {
+    return answer(wire.CampaignSummary, {
         "name": d["name"], "model": h.spec.model, "framework": h.spec.framework, "backend": h.backend.name,
         "gpus": d["gpus"], "budget": d["budget"], "calibration": d["calibration"], "leader": d["leader"],
         "concurrency": h.spec.budget.concurrency, "in_flight": in_flight,
@@ -416,71 +464,67 @@ def campaign_summary(h: CampaignHandle) -> dict[str, Any]:
         "remeasurements": d["remeasurements"], "checks": d["checks"], "failed": d["failed"],
         "hang_timeout_s": h.spec.control.hang_timeout_s, "env_allowlist": h.spec.control.env_allowlist,
         "image_roots": h.image.describe() if h.image else [],
-    }
+    })
 
 
-def _campaign(b: Broker, h: CampaignHandle, p: Any, q: Any, body: Any) -> tuple[int, dict[str, Any], str | None]:
-    return 200, campaign_summary(h), None
+def _campaign(c: Call) -> Reply:
+    return Reply(200, campaign_summary(c.campaign))
 
 
-def _launch(b: Broker, h: CampaignHandle, p: Any, q: Any, body: dict[str, Any]) -> tuple[int, dict[str, Any], str | None]:
-    req = LaunchRequest.model_validate(body)
-    out = h.launch(req)
-    if not out["admitted"]:
-        return 409, out, f"launch refused ({out['code']}): {out['reason']}"
-    reason = f"launch admitted: {out['run_id']}"
-    if not out.get("submitted"):
-        reason += f", but submission failed: {out.get('submit_error')}"
-    return 201, out, reason
+def _launch(c: Call) -> Reply:
+    out = answer(wire.LaunchAnswer, c.campaign.launch(c.parse_body(wire.LaunchRequest)))
+    if not out.admitted:
+        return Reply(409, out, f"launch refused ({out.code}): {out.reason}")
+    reason = f"launch admitted: {out.run_id}"
+    if not out.submitted:
+        reason += f", but submission failed: {out.submit_error}"
+    return Reply(201, out, reason)
 
 
-def _list_runs(b: Broker, h: CampaignHandle, p: Any, q: Any, body: Any) -> tuple[int, dict[str, Any], str | None]:
-    offset = _int(q, "offset", 0, 0, 10**9) or 0
-    limit = _int(q, "limit", 50, 1, 200) or 50
-    status = q.get("status")
-    runs = list(h.state().runs.values())
-    if status:
-        if status not in ("admitted", "running", "finished", "in_flight"):
-            raise _BadQuery(f"status must be admitted, running, finished or in_flight, got {status!r}")
-        runs = [r for r in runs if (r.status != "finished" if status == "in_flight" else r.status == status)]
-    page = runs[offset: offset + limit]
-    keys = ("run_id", "kind", "status", "lever", "outcome", "tokens_per_s_per_gpu", "valid", "verdict",
-            "charge_gpu_hours", "expected_gpu_hours", "profile", "changes")
-    items = [{k: getattr(r, k) for k in keys} for r in page]
-    nxt = offset + limit if offset + limit < len(runs) else None
-    return 200, {"runs": items, "total": len(runs), "offset": offset, "next_offset": nxt}, None
+_RUN_ROW = tuple(wire.RunRow.model_fields)
 
 
-def _run_status(b: Broker, h: CampaignHandle, p: dict[str, Any], q: Any, body: Any) -> tuple[int, dict[str, Any], str | None]:
-    run = h.run(p["run_id"])
-    return 200, h.run_summary(run, live=True), None
+def _list_runs(c: Call) -> Reply:
+    q = c.query(wire.ListRunsQuery)
+    runs = list(c.campaign.state().runs.values())
+    if q.status:
+        runs = [r for r in runs if (r.status != "finished" if q.status == "in_flight" else r.status == q.status)]
+    page = runs[q.offset: q.offset + q.limit]
+    nxt = q.offset + q.limit if q.offset + q.limit < len(runs) else None
+    return Reply(200, answer(wire.RunList, {"runs": [{k: getattr(r, k) for k in _RUN_ROW} for r in page],
+                                            "total": len(runs), "offset": q.offset, "next_offset": nxt}))
 
 
-def _cancel(b: Broker, h: CampaignHandle, p: dict[str, Any], q: Any, body: Any) -> tuple[int, dict[str, Any], str | None]:
-    out = h.cancel(p["run_id"], str((body or {}).get("reason") or "cancelled"))
-    return 200, out, f"cancel: {out.get('reason') or out.get('outcome')}"
+def _run_status(c: Call) -> Reply:
+    h = c.campaign
+    return Reply(200, answer(wire.RunInfo, h.run_summary(h.run(c.run_id), live=True)))
 
 
-def _read_log(b: Broker, h: CampaignHandle, p: dict[str, Any], q: Any, body: Any) -> tuple[int, dict[str, Any], str | None]:
-    tail = _int(q, "tail", None, 1, 500)
-    offset = _int(q, "offset_line", None, 1, 10**9)
-    max_lines = _int(q, "max_lines", 200, 1, 500) or 200
-    return 200, h.read_log(p["run_id"], tail, offset, max_lines), None
+def _cancel(c: Call) -> Reply:
+    req = c.parse_body(wire.CancelRequest)
+    out = answer(wire.CancelAnswer, c.campaign.cancel(c.run_id, req.reason or "cancelled"))
+    return Reply(200, out, f"cancel: {out.reason or out.outcome}")
 
 
-def _search_log(b: Broker, h: CampaignHandle, p: dict[str, Any], q: Any, body: Any) -> tuple[int, dict[str, Any], str | None]:
-    pattern = q.get("pattern") or ""
-    return 200, h.search_log(p["run_id"], pattern, _int(q, "max_results", 50, 1, 200) or 50,
-                             _bool(q, "regex", True), _bool(q, "ignore_case", False)), None
+def _read_log(c: Call) -> Reply:
+    q = c.query(wire.LogQuery)
+    return Reply(200, answer(wire.LinesPage, c.campaign.read_log(c.run_id, q.tail, q.offset_line, q.max_lines)))
 
 
-def _list_files(b: Broker, h: CampaignHandle, p: dict[str, Any], q: Any, body: Any) -> tuple[int, dict[str, Any], str | None]:
-    return 200, h.list_files(p["run_id"]), None
+def _search_log(c: Call) -> Reply:
+    q = c.query(wire.LogSearchQuery)
+    return Reply(200, answer(wire.SearchAnswer, c.campaign.search_log(c.run_id, q.pattern, q.max_results, q.regex,
+                                                                      q.ignore_case)))
 
 
-def _read_file(b: Broker, h: CampaignHandle, p: dict[str, Any], q: Any, body: Any) -> tuple[int, dict[str, Any], str | None]:
-    return 200, h.read_file(p["run_id"], p["path"], _int(q, "offset_line", 1, 1, 10**9) or 1,
-                            _int(q, "max_lines", 200, 1, 500) or 200), None
+def _list_files(c: Call) -> Reply:
+    return Reply(200, answer(wire.DirPage, c.campaign.list_files(c.run_id)))
+
+
+def _read_file(c: Call) -> Reply:
+    q = c.query(wire.PageQuery)
+    return Reply(200, answer(wire.LinesPage, c.campaign.read_file(c.run_id, c.path_params["path"], q.offset_line,
+                                                                  q.max_lines)))
 
 
 def _need_image(h: CampaignHandle) -> Any:
@@ -489,71 +533,78 @@ def _need_image(h: CampaignHandle) -> Any:
     return h.image
 
 
-def _image_list(b: Broker, h: CampaignHandle, p: Any, q: Any, body: Any) -> tuple[int, dict[str, Any], str | None]:
-    return 200, _need_image(h).list(q.get("path", ""), _int(q, "offset", 0, 0, 10**9) or 0,
-                                    _int(q, "limit", 200, 1, 500) or 200), None
+def _image_list(c: Call) -> Reply:
+    q = c.query(wire.ImageListQuery)
+    return Reply(200, answer(wire.DirPage, _need_image(c.campaign).list(q.path, q.offset, q.limit)))
 
 
-def _image_read(b: Broker, h: CampaignHandle, p: Any, q: Any, body: Any) -> tuple[int, dict[str, Any], str | None]:
-    path = q.get("path") or ""
-    if not path:
-        raise _BadQuery("path is required")
-    return 200, _need_image(h).read(path, _int(q, "offset_line", 1, 1, 10**9) or 1,
-                                    _int(q, "max_lines", 200, 1, 500) or 200), None
+def _image_read(c: Call) -> Reply:
+    q = c.query(wire.ImageReadQuery)
+    return Reply(200, answer(wire.LinesPage, _need_image(c.campaign).read(q.path, q.offset_line, q.max_lines)))
 
 
-def _image_search(b: Broker, h: CampaignHandle, p: Any, q: Any, body: Any) -> tuple[int, dict[str, Any], str | None]:
-    return 200, _need_image(h).search(q.get("pattern") or "", q.get("path", ""), q.get("glob") or None,
-                                      _int(q, "max_results", 50, 1, 200) or 50, _bool(q, "regex", True),
-                                      _bool(q, "ignore_case", False)), None
+def _image_search(c: Call) -> Reply:
+    q = c.query(wire.ImageSearchQuery)
+    return Reply(200, answer(wire.SearchAnswer, _need_image(c.campaign).search(
+        q.pattern, q.path, q.glob, q.max_results, q.regex, q.ignore_case)))
 
 
-def _assumption(b: Broker, h: CampaignHandle, p: Any, q: Any, body: dict[str, Any]) -> tuple[int, dict[str, Any], str | None]:
-    return 201, h.assumption(body.get("question"), body.get("default"), body.get("context")), "assumption recorded"
+def _assumption(c: Call) -> Reply:
+    req = c.parse_body(wire.AssumptionRequest)
+    return Reply(201, answer(wire.Recorded, c.campaign.assumption(req.question, req.default, req.context)),
+                 "assumption recorded")
 
 
-def _stop(b: Broker, h: CampaignHandle, p: Any, q: Any, body: dict[str, Any]) -> tuple[int, dict[str, Any], str | None]:
+def _stop(c: Call) -> Reply:
     from attune.campaign import StopRefused
 
+    req = c.parse_body(wire.StopRequest)
     try:
-        return 201, h.stop(body.get("levers_tested"), body.get("diagnosis"), body.get("leader")), "stop recorded"
+        return Reply(201, answer(wire.Recorded, c.campaign.stop(req.levers_tested, req.diagnosis, req.leader)),
+                     "stop recorded")
     except StopRefused as exc:  # the search rules: codes and missing items, not only prose
-        return 409, {"error": "stop_refused", "reason": str(exc),
-                     "refusals": [r.as_dict() for r in exc.refusals]}, "stop refused: " + ", ".join(
-                         r.code for r in exc.refusals)
+        refused = answer(wire.StopRefused, {"error": "stop_refused", "reason": str(exc),
+                                            "refusals": [r.as_dict() for r in exc.refusals]})
+        return Reply(409, refused, "stop refused: " + ", ".join(r.code for r in exc.refusals))
 
 
-def _diagnosis(b: Broker, h: CampaignHandle, p: Any, q: Any, body: dict[str, Any]) -> tuple[int, dict[str, Any], str | None]:
+def _diagnosis(c: Call) -> Reply:
     from attune.campaign import record_diagnosis
 
-    row = record_diagnosis(h.dir, body.get("run_id"), body.get("diagnosis"), body.get("bottleneck"))
-    return 201, {"recorded": True, "seq": row.seq}, "diagnosis recorded"
+    req = c.parse_body(wire.DiagnosisRequest)
+    row = record_diagnosis(c.campaign.dir, req.run_id, req.diagnosis, req.bottleneck)
+    return Reply(201, answer(wire.Recorded, {"recorded": True, "seq": row.seq}), "diagnosis recorded")
 
 
-# ------------------------------------------------------------------------------------ routes
+class RouteSpec(NamedTuple):
+    path: str
+    name: str  # the audit's route name
+    handler: Handler
+    methods: tuple[str, ...]
+    auth: bool = True
 
-# (audit name, methods, path, handler, needs the campaign's token): the HTTP app's routes, and the
-# in-process client's (`broker.inprocess`), in matching order.
-ROUTES: list[tuple[str, tuple[str, ...], str, Handler, bool]] = [
-    ("health", ("GET",), "/v1/health", _health, False),
-    ("campaign_status", ("GET",), "/v1/campaign", _campaign, True),
-    ("launch", ("POST",), "/v1/runs", _launch, True),
-    ("list_runs", ("GET",), "/v1/runs", _list_runs, True),
-    ("run_status", ("GET",), "/v1/runs/{run_id}", _run_status, True),
-    ("cancel", ("POST",), "/v1/runs/{run_id}/cancel", _cancel, True),
-    ("read_run_log", ("GET",), "/v1/runs/{run_id}/log", _read_log, True),
-    ("search_run_log", ("GET",), "/v1/runs/{run_id}/log/search", _search_log, True),
-    ("list_run_files", ("GET",), "/v1/runs/{run_id}/files", _list_files, True),
-    ("read_run_file", ("GET",), "/v1/runs/{run_id}/files/{path:path}", _read_file, True),
-    ("image_list", ("GET",), "/v1/image/list", _image_list, True),
-    ("image_read", ("GET",), "/v1/image/read", _image_read, True),
-    ("image_search", ("GET",), "/v1/image/search", _image_search, True),
-    ("record_assumption", ("POST",), "/v1/assumptions", _assumption, True),
-    ("record_stop", ("POST",), "/v1/stop", _stop, True),
-    ("record_diagnosis", ("POST",), "/v1/diagnoses", _diagnosis, True),
+
+ROUTES: tuple[RouteSpec, ...] = (
+    RouteSpec("/v1/health", "health", _health, ("GET",), auth=False),
+    RouteSpec("/v1/campaign", "campaign_status", _campaign, ("GET",)),
+    RouteSpec("/v1/runs", "launch", _launch, ("POST",)),
+    RouteSpec("/v1/runs", "list_runs", _list_runs, ("GET",)),
+    RouteSpec("/v1/runs/{run_id}", "run_status", _run_status, ("GET",)),
+    RouteSpec("/v1/runs/{run_id}/cancel", "cancel", _cancel, ("POST",)),
+    RouteSpec("/v1/runs/{run_id}/log", "read_run_log", _read_log, ("GET",)),
+    RouteSpec("/v1/runs/{run_id}/log/search", "search_run_log", _search_log, ("GET",)),
+    RouteSpec("/v1/runs/{run_id}/files", "list_run_files", _list_files, ("GET",)),
+    RouteSpec("/v1/runs/{run_id}/files/{path:path}", "read_run_file", _read_file, ("GET",)),
+    RouteSpec("/v1/image/list", "image_list", _image_list, ("GET",)),
+    RouteSpec("/v1/image/read", "image_read", _image_read, ("GET",)),
+    RouteSpec("/v1/image/search", "image_search", _image_search, ("GET",)),
+    RouteSpec("/v1/assumptions", "record_assumption", _assumption, ("POST",)),
+    RouteSpec("/v1/stop", "record_stop", _stop, ("POST",)),
+    RouteSpec("/v1/diagnoses", "record_diagnosis", _diagnosis, ("POST",)),
     # Anything else is refused, and audited like every other request.
-    ("unknown", ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"), "/{path:path}", _unknown, False),
-]
+    RouteSpec("/{path:path}", "unknown", _unknown, ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"),
+              auth=False),
+)
 
 
 # ------------------------------------------------------------------------------------ serving

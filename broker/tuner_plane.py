@@ -12,6 +12,7 @@ from typing import Any
 
 from attune.tuners.base import Candidate, Outcome, split_changes
 from attune.vocab import RunOutcome, Verdict
+from broker import wire
 from broker.client import BrokerClient
 
 
@@ -71,14 +72,16 @@ class BrokerControlPlane:
     def _evaluate(self, candidate: Candidate, prune_below: float | None) -> Outcome:
         changes = split_changes(candidate.changes)
         new_flags = [k for k, v in candidate.changes.items() if k.startswith("--") and v not in (None, False)]
-        status, p = self.client.launch(
+        req = wire.LaunchRequest(
             kind="search", changes=changes, base="baseline", hypothesis=candidate.hypothesis, lever=candidate.lever,
             expected_gain=candidate.expected_gain if candidate.expected_gain is not None else 0.0,
             code_locations={f: "campaign.yaml search_space (declared by the campaign's owner)" for f in new_flags},
             prune_below=prune_below,
         )
+        status, p = self.client.launch(**req.model_dump(mode="json"))
         if status != 201 or not p.get("admitted"):
-            return Outcome(run_id=None, outcome=RunOutcome.REFUSED, reason=f"{p.get('code') or p.get('error')}: {p.get('reason')}")
+            code = p.get("code") or p.get("error")
+            return Outcome(run_id=None, outcome=RunOutcome.REFUSED, reason=f"{code}: {p.get('reason')}", code=code)
         run = self.client.wait(p["run_id"], timeout_s=self.run_timeout_s, interval_s=self.poll_s)
         self._diagnose(candidate, run)
         return Outcome(
@@ -92,17 +95,18 @@ class BrokerControlPlane:
         tps = run.get("tokens_per_s_per_gpu")
         what = (f"{tps:,.1f} tokens/s/GPU, verdict {run.get('verdict')}" if run.get("outcome") == "ok" and tps
                 else f"{run.get('outcome')}: {' '.join(str(run.get('reason') or '').split())[:300]}")
-        self.client.call("POST", "/v1/diagnoses", body={
-            "run_id": run["run_id"], "bottleneck": None if run.get("outcome") == "ok" else run.get("outcome"),
-            "diagnosis": f"{candidate.lever} (tuner, no profile read): {what}"})
+        self.client.call("POST", "/v1/diagnoses", body=wire.DiagnosisRequest(
+            run_id=run["run_id"], bottleneck=None if run.get("outcome") == "ok" else run.get("outcome"),
+            diagnosis=f"{candidate.lever} (tuner, no profile read): {what}").model_dump(mode="json"))
 
     def record_stop(self, evidence: dict[str, Any]) -> None:
         self._status = None
         levers = [str(x) for x in evidence.get("levers_tested") or []] or ["(none)"]
         diagnosis = (f"{evidence.get('tuner', 'tuner')}: {evidence.get('reason', 'stopped')}; "
                      f"{evidence.get('launches', 0)} launches, {evidence.get('failed', 0)} failed")
-        status, payload = self.client.call("POST", "/v1/stop", body={"levers_tested": levers, "diagnosis": diagnosis})
+        status, payload = self.client.call("POST", "/v1/stop", body=wire.StopRequest(
+            levers_tested=levers, diagnosis=diagnosis).model_dump(mode="json"))
         if status == 409 and payload.get("error") == "stop_refused":
             raise StopRefusedError(list(payload.get("refusals") or []))
-        if status != 201 and "already recorded" not in str(payload.get("reason")):
+        if status != 201 and payload.get("error") != "stop_already_recorded":
             raise RuntimeError(f"the broker refused the stop record: {payload}")

@@ -126,3 +126,4 @@ def _dump(obj: Any, out: list[str], enc: Callable[[str], str], default: Callable
         _dump(default(obj), out, enc, None, depth + 1)
     else:
         raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+

@@ -33,6 +33,7 @@ from attune.campaign_paths import (  # stdlib only, no imports of its own
     NOTES_DIR,
     PROTECTED_IN_CAMPAIGN,
 )
+from attune.containment import inside
 from hooks import lightos as os  # os without `import os` (see hooks/lightos.py)
 from hooks import runtime, shell
 
@@ -40,8 +41,6 @@ TYPE_CHECKING = False  # no typing import at run time: hooks start on every tool
 if TYPE_CHECKING:
     from typing import Any
 
-ATTUNE_SERVERS = ("broker", "metrics", "traces", "gate")
-MCP_PREFIX = "mcp__plugin_attune_"
 SKILL_SCRIPTS = os.path.join("skills", "attune", "scripts")
 # PROTECTED_IN_CAMPAIGN (attune/campaign_paths.py): the campaign files no tool may write.
 
@@ -161,10 +160,6 @@ def deny(reason: str, subject: str = "") -> Decision:
     return Decision("deny", reason, subject)
 
 
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
-
-
 def category(name: str) -> str | None:
     base = os.path.basename(name)
     for why, names in _CATEGORIES:
@@ -247,9 +242,9 @@ class Policy:
         real = self.real(path)
         if real in ("/dev/null",):
             return True
-        if any(_inside(real, u) for u in self.unreadable):
+        if any(inside(real, u) for u in self.unreadable):
             return False
-        return any(_inside(real, r) for r in self.read_roots)
+        return any(inside(real, r) for r in self.read_roots)
 
     def write_problem(self, path: str) -> str | None:
         """None if the path may be written, else why not."""
@@ -257,13 +252,13 @@ class Policy:
         if real == "/dev/null":
             return None
         for p in self.protected:
-            if p == self.plugin_root and _inside(real, self.campaign):
+            if p == self.plugin_root and inside(real, self.campaign):
                 continue  # a campaign inside the plugin's tree (examples/) keeps its notes writable
-            if _inside(real, p):
-                if _inside(real, self.plugin_root):
+            if inside(real, p):
+                if inside(real, self.plugin_root):
                     return f"{path} is part of the attune plugin (code, skill, correctness lists): never writable"
                 return f"{path} is protected (the ledger, campaign spec, policy, logs, runs and settings are never writable)"
-        if any(_inside(real, r) for r in self.write_roots):
+        if any(inside(real, r) for r in self.write_roots):
             return None
         return f"{path} is outside the campaign's notes ({self.notes}): writes go only to the notes"
 
@@ -271,7 +266,7 @@ class Policy:
         if self.readable(path):
             return None
         real = self.real(path)
-        if any(_inside(real, u) for u in self.unreadable):
+        if any(inside(real, u) for u in self.unreadable):
             return f"{path} is closed to {what} (the broker's endpoint and token, the ledger keys, the plugin's data)"
         return f"{path} is outside the campaign's allow-list for {what} (the campaign, the plugin, policy.yaml read_paths)"
 
@@ -422,7 +417,7 @@ class Policy:
             files = [v if isinstance(v, str) else v.text for k, v in parts if k == "file"] or ["."]  # type: ignore[union-attr]
             for f in files:
                 real = self.real(f)
-                held = [u for u in self.unreadable if _inside(u, real)]
+                held = [u for u in self.unreadable if inside(u, real)]
                 if held:
                     return deny(f"shell command denied: {name} would search {f} recursively, and it holds "
                                 f"{held[0]} (the broker's token, the ledger keys or the plugin's data): "
@@ -474,13 +469,13 @@ class Policy:
         return allow("read-only command find", subject)
 
     def _is_skill_script(self, real: str) -> bool:
-        return _inside(real, self.scripts_dir) and real != self.scripts_dir and os.path.isfile(real)
+        return inside(real, self.scripts_dir) and real != self.scripts_dir and os.path.isfile(real)
 
     def _interpreter_ok(self, real: str) -> bool:
         base = os.path.basename(real)
         if not (_is_python(base) or base.startswith("python")):
             return False
-        return not any(_inside(real, r) for r in self.write_roots) and os.access(real, os.X_OK)
+        return not any(inside(real, r) for r in self.write_roots) and os.access(real, os.X_OK)
 
     def _python(self, args: list[shell.Word], subject: str) -> Decision:
         i = 0
@@ -560,16 +555,21 @@ class Policy:
         if tool in WEB_TOOLS:
             return deny(f"{tool} denied: web tools are off in a campaign session")
         if tool.startswith("mcp__"):
-            server, sep, name = tool[len(MCP_PREFIX):].partition("__") if tool.startswith(MCP_PREFIX) else ("", "", "")
-            if sep and server in ATTUNE_SERVERS and name and name.replace("_", "").replace("-", "").isalnum():
+            from attune import plugin_servers  # the one server list (imported only for MCP tools)
+
+            prefix, servers = plugin_servers.TOOL_PREFIX, plugin_servers.SERVERS
+            server, sep, name = tool[len(prefix):].partition("__") if tool.startswith(prefix) else ("", "", "")
+            if sep and server in servers and name and name.replace("_", "").replace("-", "").isalnum():
                 return allow(f"attune's {server} server", tool)
             if tool in self.extra_tools:
                 return allow("listed in policy.yaml tools", tool)
-            return deny(f"{tool} denied: only attune's own MCP servers ({', '.join(ATTUNE_SERVERS)}) "
+            return deny(f"{tool} denied: only attune's own MCP servers ({', '.join(servers)}) "
                         "are used in a campaign session", tool)
         if tool == "ReadMcpResourceTool":
             server = str(tool_input.get("server", ""))
-            if server in {f"plugin:attune:{s}" for s in ATTUNE_SERVERS}:
+            from attune import plugin_servers
+
+            if server in {f"plugin:{plugin_servers.PLUGIN}:{s}" for s in plugin_servers.SERVERS}:
                 return allow("a resource of attune's servers", server)
             return deny(f"ReadMcpResourceTool denied: server {server!r} is not one of attune's", server)
         if tool in SAFE_TOOLS or tool in self.extra_tools:

@@ -13,8 +13,6 @@ the hook from telling whether this is a campaign session, answers deny: Claude C
 crashed hook's call through.
 """
 
-import sys
-
 from hooks import lightos as os  # os without `import os` (see hooks/lightos.py)
 
 EVENT = "PreToolUse"
@@ -64,40 +62,31 @@ def _ask_user(payload, campaign):
     return "deny", reason, listed
 
 
+def _decide(run):
+    payload, campaign = run.payload, run.campaign
+    tool = payload.get("tool_name")
+    if not isinstance(tool, str) or not tool:
+        raise ValueError("the hook input has no tool_name")
+    if tool == "AskUserQuestion":
+        decision, reason, subject = _ask_user(payload, campaign)
+    else:
+        from hooks import policy
+
+        pol = policy.Policy.for_campaign(campaign, payload.get("cwd") or None)
+        d = pol.decide(tool, payload.get("tool_input"))
+        decision, reason, subject = d.decision, d.reason, d.subject
+    from hooks import runtime
+
+    runtime.log_decision(campaign, {"event": EVENT, "session_id": payload.get("session_id"), "tool": tool,
+                                    "decision": decision, "reason": reason, "subject": subject})
+    return _answer(decision, reason)
+
+
+def _refuse(run, exc):  # fail closed: a crash would let the call through
+    return _answer("deny", f"attune's tool policy could not decide ({type(exc).__name__}: {exc}); denied to be safe")
+
+
 def main():
-    raw = sys.stdin.read()
-    campaign = None
-    try:
-        from hooks import runtime
+    from hooks import runtime
 
-        event = runtime.read_event(raw)
-        if event is None:  # not in a campaign, or switched off: do nothing
-            return 0
-        payload, campaign = event
-        tool = payload.get("tool_name")
-        if not isinstance(tool, str) or not tool:
-            raise ValueError("the hook input has no tool_name")
-        if tool == "AskUserQuestion":
-            decision, reason, subject = _ask_user(payload, campaign)
-        else:
-            from hooks import policy
-
-            pol = policy.Policy.for_campaign(campaign, payload.get("cwd") or None)
-            d = pol.decide(tool, payload.get("tool_input"))
-            decision, reason, subject = d.decision, d.reason, d.subject
-        runtime.log_decision(campaign, {"event": EVENT, "session_id": payload.get("session_id"), "tool": tool,
-                                        "decision": decision, "reason": reason, "subject": subject})
-        out = _answer(decision, reason)
-    except BaseException as exc:  # fail closed: a crash would let the call through
-        out = _answer("deny", f"attune's tool policy could not decide ({type(exc).__name__}: {exc}); denied to be safe")
-        if campaign is not None:
-            try:
-                from hooks import runtime
-
-                runtime.log_decision(campaign, {"event": EVENT, "decision": "deny", "error": repr(exc)})
-            except BaseException:
-                pass
-    from hooks import hookjson as json
-
-    sys.stdout.write(json.dumps(out) + "\n")
-    return 0
+    return runtime.run_hook(EVENT, _decide, _refuse, fail_decision="deny")

@@ -33,6 +33,7 @@ from hooks import lightos as os  # os without `import os` (see hooks/lightos.py)
 
 TYPE_CHECKING = False  # no typing import at run time: hooks start on every tool call
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 HOOK_LOG = HOOKS_LOG
@@ -62,13 +63,16 @@ def outside_by_env() -> bool:
             and find_campaign({}) is None)
 
 
-def read_event(raw: str) -> tuple[dict[str, Any], str] | None:
+def read_event(raw: str, limit: int | None = None) -> tuple[dict[str, Any], str] | None:
     """Parse a hook's input and find its campaign; None when the hook has nothing to do here.
 
-    Raises on a malformed payload or a Python older than 3.11, so that the calling hook fails closed.
+    Raises on a malformed payload, an input over `limit` characters or a Python older than 3.11, so
+    that the calling hook fails closed.
     """
     if outside_by_env():
         return None
+    if limit is not None and len(raw) > limit:
+        raise ValueError(f"the hook input is over {limit} characters")
     from hooks import hookjson as json
 
     payload = json.loads(raw or "{}")
@@ -95,6 +99,61 @@ def find_campaign(payload: dict[str, Any]) -> str | None:
         if parent == d:
             return None
         d = parent
+
+
+# ---------------------------------------------------------------- the hooks' fail-closed skeleton
+
+MAX_INPUT_CHARS = 16 * 1024 * 1024  # a hook's input (a Write's content included); more is refused
+
+
+class HookRun:
+    """One hook invocation: its input and campaign (once known), and what runs after the answer is written."""
+
+    def __init__(self, event: str) -> None:
+        self.event = event
+        self.payload: dict[str, Any] = {}
+        self.campaign: str | None = None
+        self.after: Callable[[], None] | None = None  # e.g. ending a headless session once the answer is out
+
+
+def run_hook(event: str, decide: Callable[[HookRun], dict[str, Any] | None],
+             refuse: Callable[[HookRun, BaseException], dict[str, Any]], fail_decision: str | None = None,
+             stdin: Any = None, stdout: Any = None) -> int:
+    """What every attune hook does, in one place, failing closed.
+
+    Reads the hook's input from stdin (at most MAX_INPUT_CHARS characters), finds its campaign
+    (`read_event`; outside a campaign the hook prints nothing), calls `decide(run)` for
+    the answer (None: print nothing). Any exception, from reading to deciding, is answered by
+    `refuse(run, exc)` (a deny or a block with the reason) and, inside a campaign, logged with
+    `fail_decision`. The answer is written as one JSON line; the exit status is always 0 (Claude Code
+    reads the decision from the JSON, and lets a crashed hook's call through)."""
+    stdin = sys.stdin if stdin is None else stdin
+    stdout = sys.stdout if stdout is None else stdout
+    run = HookRun(event)
+    out: dict[str, Any] | None
+    try:
+        raw = stdin.read(MAX_INPUT_CHARS + 1)
+        found = read_event(raw, MAX_INPUT_CHARS)
+        if found is None:  # not in a campaign, or switched off: do nothing
+            return 0
+        run.payload, run.campaign = found
+        out = decide(run)
+    except BaseException as exc:  # fail closed
+        run.after = None
+        out = refuse(run, exc)
+        if run.campaign is not None and fail_decision is not None:
+            try:  # noqa: SIM105 - no contextlib import in a hook
+                log_decision(run.campaign, {"event": event, "decision": fail_decision, "error": repr(exc)})
+            except BaseException:
+                pass
+    if out is not None:
+        from hooks import hookjson
+
+        stdout.write(hookjson.dumps(out) + "\n")
+        stdout.flush()
+    if run.after is not None:
+        run.after()
+    return 0
 
 
 # ---------------------------------------------------------------- policy.yaml

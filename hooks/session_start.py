@@ -192,41 +192,42 @@ def plugin_environment():
     return None
 
 
+def _decide(run):
+    from attune import state
+    from hooks import runtime
+
+    payload, campaign = run.payload, run.campaign
+    st, read = state.load(campaign)
+    source = payload.get("source") or "start"
+    text = summary(st, campaign, source)
+    env_line = plugin_environment()
+    if env_line:
+        text = env_line + "\n" + text
+    if read.torn_tail:
+        text += "\nNote: the ledger ends with a torn (incomplete) line, ignored."
+    runtime.log_decision(campaign, {"event": EVENT, "session_id": payload.get("session_id"),
+                                    "source": source, "decision": "context", "rows": st.last_seq + 1})
+    return _context(text)
+
+
+def _refuse(run, exc):  # SessionStart cannot block: the context says not to launch
+    if run.campaign is None:
+        return _context(f"attune's SessionStart hook failed before it could find the campaign: {exc}")
+    return _context(f"attune could not read the campaign state ({type(exc).__name__}: {exc}). Do not launch runs "
+                    "until `attune ledger verify` passes for this campaign.")
+
+
+def _context(text):
+    return {"hookSpecificOutput": {"hookEventName": EVENT, "additionalContext": text}}
+
+
 def main():
-    raw = sys.stdin.read()
-    campaign = None
-    try:
-        if HERE in sys.path:
-            sys.path.remove(HERE)
-        sys.path.insert(0, ROOT)
-        from hooks import runtime
+    if HERE in sys.path:
+        sys.path.remove(HERE)
+    sys.path.insert(0, ROOT)
+    from hooks import runtime
 
-        event = runtime.read_event(raw)
-        if event is None:  # not in a campaign, or switched off: do nothing
-            return 0
-        payload, campaign = event
-        from attune import state
-
-        st, read = state.load(campaign)
-        source = payload.get("source") or "start"
-        text = summary(st, campaign, source)
-        env_line = plugin_environment()
-        if env_line:
-            text = env_line + "\n" + text
-        if read.torn_tail:
-            text += "\nNote: the ledger ends with a torn (incomplete) line, ignored."
-        runtime.log_decision(campaign, {"event": EVENT, "session_id": payload.get("session_id"),
-                                        "source": source, "decision": "context", "rows": st.last_seq + 1})
-    except BaseException as exc:
-        text = (f"attune could not read the campaign state ({type(exc).__name__}: {exc}). Do not launch runs "
-                "until `attune ledger verify` passes for this campaign.")
-        if campaign is None:
-            text = f"attune's SessionStart hook failed before it could find the campaign: {exc}"
-    out = {"hookSpecificOutput": {"hookEventName": EVENT, "additionalContext": text}}
-    import json
-
-    sys.stdout.write(json.dumps(out) + "\n")
-    return 0
+    return runtime.run_hook(EVENT, _decide, _refuse)
 
 
 if __name__ == "__main__":

@@ -103,64 +103,53 @@ def _fail_headless_session(message):
             return
 
 
+def _decide(run):
+    from attune import state
+    from hooks import runtime
+
+    payload, campaign = run.payload, run.campaign
+    st, _ = state.load(campaign)
+    blockers = st.stop_blockers()
+    missing = [f"[{b['code']}] " + b["message"] + (": " + "; ".join(b["items"]) if b["items"] else "")
+               for b in blockers]
+    codes = [b["code"] for b in blockers]
+    record = {"event": EVENT, "session_id": payload.get("session_id"),
+              "stop_hook_active": payload.get("stop_hook_active")}
+    failure = None
+    if st.failed is not None:
+        failure = f"the campaign {st.name!r} FAILED: {st.failed.get('reason')}"
+    elif st.name is None:
+        failure = _provisioning_failure()
+    if failure is not None:
+        runtime.log_decision(campaign, {**record, "decision": "allow", "outcome": "failed", "reason": failure})
+        run.after = lambda: _fail_headless_session(f"attune: {failure}")
+        return {"systemMessage": f"attune: {failure}"}
+    if not missing:
+        runtime.log_decision(campaign, {**record, "decision": "allow", "reason": "campaign complete"})
+        return None
+    reason = ("attune: the campaign is not finished, so this session may not end yet. Missing: "
+              + "; ".join(missing) + ". Next: " + _hint(codes) + ".")
+    runtime.log_decision(campaign, {**record, "decision": "block", "reason": reason, "codes": codes})
+    return {"decision": "block", "reason": reason}
+
+
+def _refuse(run, exc):  # fail closed
+    return {"decision": "block",
+            "reason": f"attune's Stop hook could not check the campaign ({type(exc).__name__}: {exc}); "
+                      "the session continues until the campaign state can be read"}
+
+
 def main():
-    raw = sys.stdin.read()
-    campaign = None
+    if HERE in sys.path:
+        sys.path.remove(HERE)
+    sys.path.insert(0, ROOT)
     try:
-        if HERE in sys.path:
-            sys.path.remove(HERE)
-        sys.path.insert(0, ROOT)
         from hooks import runtime
-
-        event = runtime.read_event(raw)
-        if event is None:  # not in a campaign, or switched off: do nothing
-            return 0
-        payload, campaign = event
-        from attune import state
-
-        st, _ = state.load(campaign)
-        blockers = st.stop_blockers()
-        missing = [f"[{b['code']}] " + b["message"] + (": " + "; ".join(b["items"]) if b["items"] else "")
-                   for b in blockers]
-        codes = [b["code"] for b in blockers]
-        record = {"event": EVENT, "session_id": payload.get("session_id"),
-                  "stop_hook_active": payload.get("stop_hook_active")}
-        failure = None
-        if st.failed is not None:
-            failure = f"the campaign {st.name!r} FAILED: {st.failed.get('reason')}"
-        elif st.name is None:
-            failure = _provisioning_failure()
-        if failure is not None:
-            runtime.log_decision(campaign, {**record, "decision": "allow", "outcome": "failed", "reason": failure})
-            out = {"systemMessage": f"attune: {failure}"}
-            import json
-
-            sys.stdout.write(json.dumps(out) + "\n")
-            sys.stdout.flush()
-            _fail_headless_session(f"attune: {failure}")
-            return 0
-        if not missing:
-            runtime.log_decision(campaign, {**record, "decision": "allow", "reason": "campaign complete"})
-            return 0
-        reason = ("attune: the campaign is not finished, so this session may not end yet. Missing: "
-                  + "; ".join(missing) + ". Next: " + _hint(codes) + ".")
-        runtime.log_decision(campaign, {**record, "decision": "block", "reason": reason, "codes": codes})
-        out = {"decision": "block", "reason": reason}
-    except BaseException as exc:  # fail closed
-        out = {"decision": "block",
-               "reason": f"attune's Stop hook could not check the campaign ({type(exc).__name__}: {exc}); "
-                         "the session continues until the campaign state can be read"}
-        if campaign is not None:
-            try:
-                from hooks import runtime
-
-                runtime.log_decision(campaign, {"event": EVENT, "decision": "block", "error": repr(exc)})
-            except BaseException:
-                pass
-    import json
-
-    sys.stdout.write(json.dumps(out) + "\n")
-    return 0
+    except BaseException as exc:  # fail closed even when the skeleton cannot be imported
+        name = type(exc).__name__  # an identifier: safe inside a JSON string
+        sys.stdout.write('{"decision": "block", "reason": "attune\'s Stop hook could not start (' + name + ')"}\n')
+        return 0
+    return runtime.run_hook(EVENT, _decide, _refuse, fail_decision="block")
 
 
 if __name__ == "__main__":

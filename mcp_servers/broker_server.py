@@ -25,20 +25,22 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, TypeVar
 
 import anyio
 import httpx
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from attune.campaign_paths import CAMPAIGN_FILE
+from broker import wire
 from broker.client import BrokerUnavailable, Endpoint, endpoint_for
+from broker.wire import CampaignStatus, Changes, LaunchResult, Value
 
 log = logging.getLogger("attune.broker_server")
 
-Value = str | int | float | bool | None
+A = TypeVar("A", bound=BaseModel)
 
 server = MCPServer(
     name="attune-broker",
@@ -92,12 +94,14 @@ async def _client() -> httpx.AsyncClient:
     return _conn.client
 
 
-async def _call(method: str, path: str, *, params: dict[str, Any] | None = None,
-                body: dict[str, Any] | None = None, ok_codes: tuple[int, ...] = (200, 201)) -> tuple[int, dict[str, Any]]:
+async def _call(method: str, path: str, answer: type[A], *, query: BaseModel | None = None,
+                body: BaseModel | None = None, ok_codes: tuple[int, ...] = (200, 201)) -> A:
+    """One broker request: the query and body from their wire models, the answer read into its own."""
     client = await _client()
+    params = query.model_dump(mode="json", exclude_none=True) if query is not None else None
     try:
-        r = await client.request(method, path, params={k: v for k, v in (params or {}).items() if v is not None},
-                                 json=body)
+        r = await client.request(method, path, params=params,
+                                 json=body.model_dump(mode="json") if body is not None else None)
     except httpx.HTTPError as exc:
         _conn.client = None  # reconnect (or restart the local broker) on the next call
         raise ToolError(f"the broker did not answer ({type(exc).__name__}: {exc}); try again") from None
@@ -106,204 +110,16 @@ async def _call(method: str, path: str, *, params: dict[str, Any] | None = None,
     except ValueError:
         payload = {"error": "bad_response", "reason": r.text[:500]}
     if r.status_code not in ok_codes:
-        raise ToolError(f"{payload.get('error', r.status_code)}: {payload.get('reason', payload)}")
-    return r.status_code, payload
+        err = payload if isinstance(payload, dict) else {}
+        raise ToolError(f"{err.get('error', r.status_code)}: {err.get('reason', payload)}")
+    try:
+        return answer.model_validate(payload)
+    except ValidationError as exc:
+        raise ToolError(f"the broker's answer does not fit {answer.__name__}: {exc}") from None
 
 
 # ----------------------------------------------------------------------------------- models
-
-
-class Changes(BaseModel):
-    """A candidate's edits to its base recipe."""
-
-    args: dict[str, Value] = Field(default_factory=dict, description=(
-        "Megatron flags with leading '--' -> value; true for a bare flag; null or false removes the flag"))
-    env: dict[str, str | None] = Field(default_factory=dict, description=(
-        "environment variables (only those on the campaign's allowlist) -> value; null unsets"))
-
-
-class Budget(BaseModel):
-    total_gpu_hours: float | None
-    charged_gpu_hours: float
-    in_flight_gpu_hours: float
-    reserve_left_gpu_hours: float
-    search_remaining_gpu_hours: float | None
-    infra_charged_gpu_hours: float = 0.0
-    spent: bool = False
-
-
-class LaunchResult(BaseModel):
-    """The broker's answer to a launch: admitted (with its run id) or refused (with what to change)."""
-
-    admitted: bool
-    run_id: str | None = None
-    code: str | None = Field(None, description=(
-        "refusal code: gate, identical, budget, concurrency, not_calibrated, calibration_full, pinned, "
-        "stack_fix, profile_flag, env_not_allowlisted, code_locations, no_change, bad_request, bad_change, "
-        "stopped, shape, budget_unset, no_estimate, environment (the jobs' Python lacks the workload's modules: "
-        "see workload_environment)"))
-    reason: str | None = Field(None, description="why it was refused, in words: what to change")
-    expected_gpu_hours: float | None = None
-    changes: dict[str, Any] | None = Field(None, description="the recipe's full difference from the baseline")
-    retry_of: str | None = Field(None, description="the infrastructure failure this launch retries")
-    gate_summary: str | None = None
-    gate_refusals: list[dict[str, Any]] = Field(default_factory=list)
-    submitted: bool | None = None
-    budget: Budget | None = None
-
-
-class RunInfo(BaseModel):
-    run_id: str
-    kind: str
-    status: str = Field(description="admitted (queued), running or finished")
-    lever: str | None = None
-    hypothesis: str | None = None
-    changes: dict[str, Any] = Field(default_factory=dict)
-    profile: bool = False
-    outcome: str | None = Field(None, description="ok, oom, hang, crash, infrastructure or cancelled")
-    reason: str | None = None
-    verdict: str | None = Field(None, description="leader, within_band, slower, invalid, failed, calibration, ...")
-    tokens_per_s_per_gpu: float | None = None
-    valid: bool | None = None
-    invalid_reasons: list[str] = Field(default_factory=list)
-    expected_gpu_hours: float = 0.0
-    charge_gpu_hours: float = 0.0
-    charged_to: str | None = None
-    nodes: list[str] = Field(default_factory=list)
-    retry_of: str | None = None
-    recipe_failure: bool = False
-    backend_state: str | None = None
-    log_bytes: int | None = None
-    seconds_since_log_progress: float | None = None
-    hang_timeout_s: float | None = None
-
-
-class RunRow(BaseModel):
-    run_id: str
-    kind: str
-    status: str
-    lever: str | None = None
-    outcome: str | None = None
-    verdict: str | None = None
-    tokens_per_s_per_gpu: float | None = None
-    charge_gpu_hours: float = 0.0
-    profile: bool = False
-    changes: dict[str, Any] = Field(default_factory=dict)
-
-
-class RunPage(BaseModel):
-    runs: list[RunRow]
-    total: int
-    next_offset: int | None = Field(description="pass as offset for the next page; null at the end")
-
-
-class CancelResult(BaseModel):
-    run_id: str
-    cancelled: bool
-    outcome: str | None = None
-    charge_gpu_hours: float | None = None
-    reason: str | None = None
-
-
-class LinesPage(BaseModel):
-    path: str
-    lines: list[str]
-    size_bytes: int | None = None
-    offset_line: int | None = None
-    next_line: int | None = Field(None, description="pass as offset_line for the next page; null at the end")
-    truncated: bool | None = None
-    note: str | None = None
-
-
-class Match(BaseModel):
-    path: str
-    line: int
-    text: str
-
-
-class SearchResult(BaseModel):
-    pattern: str
-    matches: list[Match]
-    truncated: bool = Field(description="true when more matches exist than were returned")
-    files_scanned: int | None = None
-
-
-class DirEntry(BaseModel):
-    name: str
-    type: Literal["dir", "file"]
-    size_bytes: int | None = None
-
-
-class DirPage(BaseModel):
-    path: str
-    entries: list[DirEntry]
-    total: int
-    next_offset: int | None = None
-
-
-class Recorded(BaseModel):
-    recorded: bool
-    seq: int = Field(description="the ledger row's sequence number")
-    leader: str | None = None
-
-
-class Leader(BaseModel):
-    run_id: str | None
-    tokens_per_s_per_gpu: float | None
-    gain: float | None = Field(description="over the calibrated baseline mean")
-
-
-class Calibration(BaseModel):
-    required_runs: int
-    runs: int
-    mean: float | None
-    rel_sigma: float | None
-    band: float | None
-
-
-class Shipping(BaseModel):
-    """The control plane's shipping step, which runs after the stop (not the agent's)."""
-
-    phase: str = Field(description="searching | waiting | checking | remeasuring | done | failed")
-    done: bool = Field(description="shipped and re-measured with valid measurements: nothing more runs")
-    failed: bool = Field(False, description="the campaign ended failed (no valid evidence): nothing more runs")
-    failure: str | None = Field(None, description="why it failed")
-    shipped: str | None = Field(None, description="the shipped run id, or baseline")
-    candidates: list[str] = Field(default_factory=list, description="runs to check, fastest first")
-    checks: list[dict[str, Any]] = Field(default_factory=list, description="gate verdicts so far")
-    reason: str = ""
-
-
-class StopBlocker(BaseModel):
-    code: str
-    message: str
-    items: list[str] = Field(default_factory=list)
-
-
-class CampaignStatus(BaseModel):
-    name: str
-    failed: str | None = Field(None, description="why the campaign ended failed (no valid evidence); null otherwise")
-    model: str
-    backend: str
-    gpus: int | None
-    budget: Budget
-    calibration: Calibration
-    leader: Leader
-    concurrency: int
-    in_flight: list[str]
-    launches: int
-    failed_launches: int
-    launches_refused: int
-    stop_recorded: bool
-    missing_for_stop: list[str]
-    stop_blockers: list[StopBlocker] = Field(default_factory=list, description=(
-        "what blocks the end of the campaign, each with a stable code (no_stop, in_flight, not_shipped, and the "
-        "search rules' refusals of the last stop: calibration_incomplete, levers_not_run, rule4_lever_values, "
-        "rule4_layout_unprobed, rule5_oom_not_retried, rule6_winners_not_retested) and its missing items"))
-    search_rules: str = "enforced"
-    env_allowlist: list[str]
-    image_roots: list[str]
-    shipping: Shipping | None = None
+# The broker's requests and answers are broker/wire.py's models, shared with the broker itself.
 
 
 class Started(BaseModel):
@@ -334,17 +150,6 @@ class WorkloadEnvironment(BaseModel):
     log: str | None = None
     progress: list[str] = Field(default_factory=list, description="the build's latest lines")
     elapsed_s: float | None = None
-
-
-def _launch_result(payload: dict[str, Any]) -> LaunchResult:
-    gate = payload.get("gate") or {}
-    return LaunchResult(
-        admitted=bool(payload.get("admitted")), run_id=payload.get("run_id"), code=payload.get("code"),
-        reason=payload.get("reason") or payload.get("submit_error"), expected_gpu_hours=payload.get("expected_gpu_hours"),
-        changes=payload.get("changes"), retry_of=payload.get("retry_of"), gate_summary=gate.get("summary"),
-        gate_refusals=gate.get("refusals") or [], submitted=payload.get("submitted"),
-        budget=Budget.model_validate(payload["budget"]) if payload.get("budget") else None,
-    )
 
 
 # ----------------------------------------------------------------------------------- tools
@@ -434,10 +239,10 @@ async def launch_candidate(
     result with `admitted: false`, a `code` and a `reason` saying what to change. When admitted, follow
     the run with run_status and read_run_log.
     """
-    body = {"kind": "search", "changes": changes.model_dump(), "hypothesis": hypothesis, "lever": lever,
-            "expected_gain": expected_gain, "code_locations": code_locations or {}, "profile": profile, "base": base}
-    _, payload = await _call("POST", "/v1/runs", body=body, ok_codes=(201, 409))
-    return _launch_result(payload)
+    req = wire.LaunchRequest(kind="search", changes=changes.model_dump(), hypothesis=hypothesis, lever=lever,
+                             expected_gain=expected_gain, code_locations=code_locations or {}, profile=profile,
+                             base=base)
+    return LaunchResult.of(await _call("POST", "/v1/runs", wire.LaunchAnswer, body=req, ok_codes=(201, 409)))
 
 
 @server.tool()
@@ -448,89 +253,80 @@ async def launch_calibration() -> LaunchResult:
     five good baseline runs set the mean and the noise band, and with them the budget). Refused once
     enough calibration runs are done or in flight.
     """
-    _, payload = await _call("POST", "/v1/runs", body={"kind": "calibration"}, ok_codes=(201, 409))
-    return _launch_result(payload)
+    req = wire.LaunchRequest(kind="calibration")
+    return LaunchResult.of(await _call("POST", "/v1/runs", wire.LaunchAnswer, body=req, ok_codes=(201, 409)))
 
 
 @server.tool()
-async def run_status(run_id: str) -> RunInfo:
+async def run_status(run_id: str) -> wire.RunInfo:
     """One run's state: queued, running (with log progress), or finished with its outcome, throughput,
     validity, verdict against the leader and its charge. Poll it while a run is in flight."""
-    _, payload = await _call("GET", f"/v1/runs/{run_id}")
-    return RunInfo.model_validate({k: v for k, v in payload.items() if k in RunInfo.model_fields})
+    return await _call("GET", f"/v1/runs/{run_id}", wire.RunInfo)
 
 
 @server.tool()
 async def list_runs(
-    status: Annotated[Literal["admitted", "running", "finished", "in_flight"] | None, Field(
-        description="only runs in this state")] = None,
-    offset: int = 0,
-    limit: Annotated[int, Field(ge=1, le=200)] = 20,
-) -> RunPage:
+    status: Annotated[wire.RunStatusFilter | None, Field(description="only runs in this state")] = None,
+    offset: wire.Offset = 0,
+    limit: wire.RunsLimit = 20,
+) -> wire.RunList:
     """The campaign's runs, oldest first, a page at a time (compact rows; run_status for details)."""
-    _, payload = await _call("GET", "/v1/runs", params={"status": status, "offset": offset, "limit": limit})
-    return RunPage(runs=[RunRow.model_validate(r) for r in payload["runs"]], total=payload["total"],
-                   next_offset=payload.get("next_offset"))
+    return await _call("GET", "/v1/runs", wire.RunList,
+                       query=wire.ListRunsQuery(status=status, offset=offset, limit=limit))
 
 
 @server.tool()
-async def cancel_run(run_id: str) -> CancelResult:
+async def cancel_run(run_id: str) -> wire.CancelAnswer:
     """Stop a run of this campaign now (its whole process tree). It is charged for the time it held its
     GPUs. Use it when a run is clearly wasted (e.g. far slower than the leader after a few steps)."""
-    _, payload = await _call("POST", f"/v1/runs/{run_id}/cancel")
-    return CancelResult.model_validate(payload)
+    return await _call("POST", f"/v1/runs/{run_id}/cancel", wire.CancelAnswer, body=wire.CancelRequest())
 
 
 @server.tool()
 async def read_run_log(
     run_id: str,
-    tail: Annotated[int, Field(ge=1, le=500, description="the last N lines (default 50)")] = 50,
-    offset_line: Annotated[int | None, Field(ge=1, description="instead of the tail: a page from this line")] = None,
-    max_lines: Annotated[int, Field(ge=1, le=500)] = 200,
-) -> LinesPage:
+    tail: Annotated[wire.MaxLines, Field(description="the last N lines (default 50)")] = 50,
+    offset_line: Annotated[wire.LineNumber | None, Field(description="instead of the tail: a page from this line")] = None,
+    max_lines: wire.MaxLines = 200,
+) -> wire.LinesPage:
     """Read a run's training log: its last `tail` lines, or a page from `offset_line` (follow next_line)."""
-    params = {"offset_line": offset_line, "max_lines": max_lines} if offset_line else {"tail": tail}
-    _, payload = await _call("GET", f"/v1/runs/{run_id}/log", params=params)
-    return LinesPage.model_validate(payload)
+    q = wire.LogQuery(offset_line=offset_line, max_lines=max_lines) if offset_line else wire.LogQuery(tail=tail)
+    return await _call("GET", f"/v1/runs/{run_id}/log", wire.LinesPage, query=q)
 
 
 @server.tool()
 async def search_run_log(
     run_id: str,
     pattern: Annotated[str, Field(description="a regular expression (Python syntax)")],
-    max_results: Annotated[int, Field(ge=1, le=200)] = 50,
+    max_results: wire.MaxResults = 50,
     ignore_case: bool = False,
-) -> SearchResult:
+) -> wire.SearchAnswer:
     """Find lines in a run's log (errors, warnings, memory reports) without reading all of it."""
-    _, payload = await _call("GET", f"/v1/runs/{run_id}/log/search",
-                             params={"pattern": pattern, "max_results": max_results,
-                                     "ignore_case": str(ignore_case).lower()})
-    return SearchResult(pattern=payload["pattern"], matches=[Match.model_validate(m) for m in payload["matches"]],
-                        truncated=payload["truncated"])
+    return await _call("GET", f"/v1/runs/{run_id}/log/search", wire.SearchAnswer,
+                       query=wire.LogSearchQuery(pattern=pattern, max_results=max_results, ignore_case=ignore_case))
 
 
 @server.tool()
 async def list_image_dir(
     path: Annotated[str, Field(description="a directory in the training image ('' for the top)")] = "",
-    offset: int = 0,
-    limit: Annotated[int, Field(ge=1, le=500)] = 200,
-) -> DirPage:
+    offset: wire.Offset = 0,
+    limit: wire.EntriesLimit = 200,
+) -> wire.DirPage:
     """List a directory of the training image (the framework's source as the jobs run it)."""
-    _, payload = await _call("GET", "/v1/image/list", params={"path": path, "offset": offset, "limit": limit})
-    return DirPage.model_validate(payload)
+    return await _call("GET", "/v1/image/list", wire.DirPage,
+                       query=wire.ImageListQuery(path=path, offset=offset, limit=limit))
 
 
 @server.tool()
 async def read_image_file(
     path: str,
-    offset_line: Annotated[int, Field(ge=1)] = 1,
-    max_lines: Annotated[int, Field(ge=1, le=500)] = 200,
-) -> LinesPage:
+    offset_line: wire.LineNumber = 1,
+    max_lines: wire.MaxLines = 200,
+) -> wire.LinesPage:
     """Read a file of the training image, a page at a time (follow next_line). Read a flag's
     implementation (what it asserts, what it overrides) before it enters a candidate."""
-    _, payload = await _call("GET", "/v1/image/read",
-                             params={"path": path, "offset_line": offset_line, "max_lines": max_lines})
-    return LinesPage.model_validate(payload)
+    return await _call("GET", "/v1/image/read", wire.LinesPage,
+                       query=wire.ImageReadQuery(path=path, offset_line=offset_line, max_lines=max_lines))
 
 
 @server.tool()
@@ -538,16 +334,13 @@ async def search_image(
     pattern: Annotated[str, Field(description="a regular expression, e.g. an argument name")],
     path: Annotated[str, Field(description="limit the search to this directory or file")] = "",
     glob: Annotated[str | None, Field(description="only files whose name matches, e.g. *.py")] = None,
-    max_results: Annotated[int, Field(ge=1, le=200)] = 50,
+    max_results: wire.MaxResults = 50,
     ignore_case: bool = False,
-) -> SearchResult:
+) -> wire.SearchAnswer:
     """Search the training image's files (the framework source) for a pattern: where a flag is defined
     and used. Results are capped; narrow `path` or `glob` when truncated."""
-    _, payload = await _call("GET", "/v1/image/search",
-                             params={"pattern": pattern, "path": path, "glob": glob, "max_results": max_results,
-                                     "ignore_case": str(ignore_case).lower()})
-    return SearchResult(pattern=payload["pattern"], matches=[Match.model_validate(m) for m in payload["matches"]],
-                        truncated=payload["truncated"], files_scanned=payload.get("files_scanned"))
+    return await _call("GET", "/v1/image/search", wire.SearchAnswer, query=wire.ImageSearchQuery(
+        pattern=pattern, path=path, glob=glob, max_results=max_results, ignore_case=ignore_case))
 
 
 @server.tool()
@@ -555,11 +348,10 @@ async def record_assumption(
     question: Annotated[str, Field(description="what you would have asked the user")],
     default: Annotated[str, Field(description="the default you take instead")],
     context: str | None = None,
-) -> Recorded:
+) -> wire.Recorded:
     """Record an assumption in the ledger instead of asking the user (the campaign runs unattended)."""
-    _, payload = await _call("POST", "/v1/assumptions",
-                             body={"question": question, "default": default, "context": context})
-    return Recorded.model_validate(payload)
+    return await _call("POST", "/v1/assumptions", wire.Recorded,
+                       body=wire.AssumptionRequest(question=question, default=default, context=context))
 
 
 @server.tool()
@@ -568,32 +360,18 @@ async def record_stop(
     diagnosis: Annotated[str, Field(description="the last diagnosis: what limits the leader, and why "
                                                 "the remaining budget will not find a faster recipe")],
     leader: Annotated[str | None, Field(description="the leader's run id, as you believe it to be")] = None,
-) -> Recorded:
+) -> wire.Recorded:
     """Record a stop before the budget is spent, with its evidence: the leader (taken from the ledger),
     the levers tested and the last diagnosis. After it, no further search launches are admitted."""
-    _, payload = await _call("POST", "/v1/stop",
-                             body={"levers_tested": levers_tested, "diagnosis": diagnosis, "leader": leader})
-    return Recorded.model_validate(payload)
+    return await _call("POST", "/v1/stop", wire.Recorded,
+                       body=wire.StopRequest(levers_tested=levers_tested, diagnosis=diagnosis, leader=leader))
 
 
 @server.tool()
 async def campaign_status() -> CampaignStatus:
     """The campaign at a glance: budget (charged, in flight, reserve, left for search), calibration and
     band, the leader and its gain, runs in flight, refusals, and what is still missing before it may stop."""
-    _, p = await _call("GET", "/v1/campaign")
-    cal = p["calibration"]
-    return CampaignStatus(
-        name=p["name"], model=p["model"], backend=p["backend"], gpus=p["gpus"], budget=Budget.model_validate(p["budget"]),
-        calibration=Calibration.model_validate(cal), leader=Leader.model_validate(p["leader"]),
-        concurrency=p["concurrency"], in_flight=[r["run_id"] for r in p["in_flight"]], launches=p["launches"],
-        failed_launches=p["failed_launches"], launches_refused=p["launches_refused"],
-        stop_recorded=p["stop"] is not None, missing_for_stop=p["missing_for_stop"],
-        stop_blockers=[StopBlocker.model_validate(b) for b in p.get("stop_blockers") or []],
-        search_rules=p.get("search_rules") or "enforced",
-        env_allowlist=p["env_allowlist"], image_roots=[r["name"] for r in p["image_roots"]],
-        shipping=Shipping.model_validate(p["shipping"]) if p.get("shipping") else None,
-        failed=(p.get("failed") or {}).get("reason"),
-    )
+    return CampaignStatus.of(await _call("GET", "/v1/campaign", wire.CampaignSummary))
 
 
 # --- per-run diagnosis (search rule 1's evidence; issue 15) ------------------------------------------
@@ -608,12 +386,11 @@ async def record_diagnosis(
     bottleneck: Annotated[str | None, Field(description=(
         "the bottleneck in a few words, e.g. 'cross-node expert all-to-all', 'host launches', 'out of memory "
         "on stage 1'"))] = None,
-) -> Recorded:
+) -> wire.Recorded:
     """Record your diagnosis of one finished run in the ledger. Diagnose every run you read (the report
     shows each run's diagnosis next to its result, and the campaign summary draws on them)."""
-    _, payload = await _call("POST", "/v1/diagnoses",
-                             body={"run_id": run_id, "diagnosis": diagnosis, "bottleneck": bottleneck})
-    return Recorded.model_validate(payload)
+    return await _call("POST", "/v1/diagnoses", wire.Recorded,
+                       body=wire.DiagnosisRequest(run_id=run_id, diagnosis=diagnosis, bottleneck=bottleneck))
 
 
 # ----------------------------------------------------------------------------------- TTB prior

@@ -36,6 +36,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field
 
+from attune.containment import inside
 from gate import config_check, convergence, inputs, judge, lists, noise
 
 log = logging.getLogger("attune.gate_server")
@@ -164,7 +165,7 @@ def _campaign_root() -> Path:
 def _path(p: str) -> Path:
     root = _campaign_root()
     full = (root / p).resolve() if not Path(p).is_absolute() else Path(p).resolve()
-    if full != root and root not in full.parents:
+    if not inside(full, root):
         raise ToolError(f"{p}: outside the campaign directory {root}; the gate reads only campaign files")
     return full
 

@@ -55,7 +55,11 @@ import sys
 import time
 from pathlib import Path
 
-SERVERS = {name: f"mcp_servers.{name}_server" for name in ("broker", "metrics", "traces", "gate")}
+if __package__ in (None, ""):  # run as a script (.mcp.json): the plugin root holds attune's server list
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from attune import plugin_servers  # noqa: E402 - after the path, when run as a script
+
+SERVERS = {name: plugin_servers.module(name) for name in plugin_servers.SERVERS}
 MARKER = ".attune-ready"
 MIN_PYTHON = (3, 11)
 LOCK_WAIT_S = 1200

@@ -35,6 +35,7 @@ from attune import ledger as ledger_mod
 from attune import measure
 from attune import state as state_mod
 from attune.campaign_paths import CAMPAIGN_FILE, RUN_LOG, RUNS_DIR
+from attune.containment import inside
 from attune.metrics import DEFAULT_MAX_SPREAD, MetricsInputError, RunMetrics, read_metrics
 from attune.spec import CampaignSpec, SpecError, load_spec
 from attune.vocab import RunKind, RunOutcome, Verdict
@@ -272,7 +273,7 @@ def run_log_path(directory: Path, run_id: str) -> Path:
         )
     runs = (directory / RUNS_DIR).resolve()
     path = (runs / run_id / RUN_LOG).resolve()
-    if not path.is_relative_to(runs):
+    if not inside(path, runs):
         raise ToolError(f"run_id: {run_id!r} leads outside the campaign's runs directory")
     if not path.is_file():
         raise ToolError(f"run {run_id!r}: no log at runs/{run_id}/log.txt")

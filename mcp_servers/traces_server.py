@@ -29,6 +29,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field
 
 from attune.campaign_paths import RUNS_DIR
+from attune.containment import inside
 from attune.traces import TraceInputError, TraceReport, analyze_paths, find_trace_files
 from attune.traces.models import Breakdown, NameTotal, Wait
 
@@ -47,7 +48,7 @@ def _run_dir(run_id: str) -> Path:
         raise ToolError(f"run_id {run_id!r} is not a run id (letters, digits, '.', '_', '-'; no path separators or '..')")
     runs = _campaign_dir() / RUNS_DIR
     d = (runs / run_id).resolve()
-    if not d.is_relative_to(runs.resolve()):
+    if not inside(d, runs.resolve()):
         raise ToolError(f"run {run_id!r} lies outside the campaign's runs directory")
     if not d.is_dir():
         raise ToolError(f"no run {run_id!r} in {runs}")

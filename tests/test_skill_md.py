@@ -6,6 +6,7 @@ import re
 
 import yaml
 
+from attune import plugin_servers
 from attune.catalog import load_catalog
 from tests.skill_helpers import SCRIPTS, SKILL
 
@@ -20,8 +21,8 @@ def _server_tools() -> dict[str, list[str]]:
 
     async def listing() -> dict[str, list[str]]:
         out = {}
-        for name in ("broker", "metrics", "traces", "gate"):
-            module = importlib.import_module(f"mcp_servers.{name}_server")
+        for name in plugin_servers.SERVERS:
+            module = importlib.import_module(plugin_servers.module(name))
             async with Client(module.server) as client:
                 out[name] = [t.name for t in (await client.list_tools()).tools]
         return out

@@ -73,7 +73,7 @@ class SyntheticControlPlane:
             if cand.key in self.seen:
                 return Outcome(None, "refused", reason="identical recipe")
             if self.used + self.inflight >= self.budget:
-                return Outcome(None, "refused", reason="budget: admission refused")
+                return Outcome(None, "refused", reason="budget: admission refused", code="budget")
             self.seen.add(cand.key)
             self.inflight += 1
             self.max_inflight = max(self.max_inflight, self.inflight)

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from attune.containment import inside
+
 REPO = "${ATTUNE_REPO}"
 WORKDIR = "${ATTUNE_WORKDIR}"
 # Every placeholder an entry may hold where a machine path was; documented in docs/ttb.md.
@@ -59,7 +61,7 @@ class Relocator:
 
     @staticmethod
     def _under(p: Path, root: Path) -> bool:
-        return p.resolve().is_relative_to(root.resolve())
+        return inside(p.resolve(), root.resolve())
 
     def text(self, s: str) -> str:
         def sub(m: re.Match[str]) -> str:

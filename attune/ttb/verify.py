@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from attune.campaign_paths import CAMPAIGN_FILE, run_job, run_log
+from attune.containment import inside
 from attune.ttb.entry import ENTRY_FILE, Entry, EntryError, load_entry, usd_per_million
 from attune.ttb.head import check_head
 
@@ -99,7 +100,7 @@ def verify_entry(directory: str | Path, *, entry: Entry | None = None) -> EntryR
         bad = []
         for rel, digest in sorted(e.files.items()):
             p = (d / rel).resolve()
-            if not p.is_relative_to(d.resolve()) or not p.is_file():
+            if not inside(p, d.resolve()) or not p.is_file():
                 bad.append(f"{rel}: missing")
             elif _sha256(p) != digest:
                 bad.append(f"{rel}: SHA-256 differs")

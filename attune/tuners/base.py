@@ -58,6 +58,7 @@ class Outcome:
     promoted: bool = False  # the control plane made it the leader
     reason: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    code: str | None = None  # a refusal's stable code (the broker's; "budget": the launch does not fit)
 
     @property
     def score(self) -> float:

@@ -92,7 +92,7 @@ def drive(
                 out = fut.result()
                 if out.outcome == RunOutcome.REFUSED:
                     res.refused += 1
-                    if out.reason and "budget" in out.reason:
+                    if out.code == "budget":  # the code, never the words of the reason
                         budget_out = True
                 else:
                     res.launches += 1

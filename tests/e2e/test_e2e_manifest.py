@@ -6,6 +6,7 @@ import json
 import subprocess
 from pathlib import Path
 
+from attune import plugin_servers
 from tests.e2e.harness import ROOT, clean_env
 
 
@@ -13,7 +14,7 @@ def test_validate_strict_with_the_directory_profile(claude: str, tmp_path: Path)
     p = subprocess.run([claude, "plugin", "validate", str(ROOT), "--strict", "--profile", "directory"],
                        capture_output=True, text=True, env=clean_env(tmp_path), timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
-    for server in ("broker", "metrics", "traces", "gate"):
+    for server in plugin_servers.SERVERS:
         assert f"mcpServers: {server} stdio" in p.stdout
     for event in ("SessionStart", "PreToolUse", "Stop"):
         assert f"hooks: {event}" in p.stdout
@@ -35,4 +36,4 @@ def test_a_team_adds_the_repository_as_a_marketplace_and_installs_attune(claude:
     entry = next(p for p in plugins if p["id"] == "attune@attune")
     version = json.loads((ROOT / ".claude-plugin" / "plugin.json").read_text())["version"]
     assert entry["version"] == version and entry["enabled"] is True
-    assert set(entry["mcpServers"]) == {"broker", "metrics", "traces", "gate"}
+    assert set(entry["mcpServers"]) == set(plugin_servers.SERVERS)

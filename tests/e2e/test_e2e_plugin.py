@@ -34,13 +34,14 @@ from typing import Any
 
 import pytest
 
+from attune import plugin_servers
 from attune.state import load as load_state
 from tests.e2e.git_server import serve_snapshot
 from tests.e2e.harness import ROOT, clean_env, stream_events
 from tests.e2e.model_server import Block, ScriptedModel, all_text, result_text, text, tool_results, tool_use
 
 EXAMPLE = ROOT / "examples" / "campaigns" / "tinygpt-local" / "campaign.yaml"
-SERVERS = ("broker", "metrics", "traces", "gate")
+SERVERS = plugin_servers.SERVERS
 PROMPT = "/goal tune this recipe"
 
 

@@ -30,13 +30,14 @@ import pytest
 import yaml
 
 from attune import campaign as campaign_mod
+from attune import plugin_servers
 from attune.ledger import Ledger
 from attune.state import load as load_state
 from tests._broker_helpers import wait_for
 from tests.e2e.harness import ROOT, run_session
 from tests.e2e.model_server import Block, ScriptedModel, all_text, result_text, text, tool_results, tool_use
 
-SERVERS = ("broker", "metrics", "traces", "gate")
+SERVERS = plugin_servers.SERVERS
 TINYGPT = ROOT / "examples" / "tinygpt" / "train.py"
 EXAMPLE = ROOT / "examples" / "campaigns" / "tinygpt-local" / "campaign.yaml"
 # The stand-in trainer (tests/fake_trainer.py) replaces tinygpt only when asked, for developing the script.
