@@ -235,19 +235,10 @@ def _log_interval(log: ParsedLog) -> int:
     return gaps.most_common(1)[0][0] if gaps else 1
 
 
-def analyze(
-    log: ParsedLog,
-    *,
-    gpus: int,
-    window: tuple[int, int] = DEFAULT_WINDOW,
-    seq_length: int | None = None,
-    global_batch_size: int | None = None,
-    max_spread: float = DEFAULT_MAX_SPREAD,
-    exit_status: int | None = None,
-    seconds_since_progress: float | None = None,
-    hang_after_s: float = DEFAULT_HANG_AFTER_S,
-) -> RunMetrics:
-    """Score a parsed log. Raises MetricsInputError on input that cannot be scored."""
+def _check_options(
+    gpus: int, max_spread: float, window: tuple[int, int], seq_length: int | None, global_batch_size: int | None
+) -> range:
+    """The caller's options checked; returns the window's iterations."""
     if not isinstance(gpus, int) or gpus <= 0:
         raise MetricsInputError(f"gpus: expected a positive integer, got {gpus!r}")
     if not (isinstance(max_spread, int | float) and max_spread >= 0):
@@ -259,29 +250,27 @@ def analyze(
     for name, value in (("seq_length", seq_length), ("global_batch_size", global_batch_size)):
         if value is not None and (not isinstance(value, int) or value <= 0):
             raise MetricsInputError(f"{name}: expected a positive integer, got {value!r}")
+    return its
 
-    # Sequence length: the log's own arguments win; a caller's value must agree with them.
-    seq, seq_source = None, None
+
+def _sequence_length(log: ParsedLog, seq_length: int | None) -> tuple[int | None, str | None]:
+    """The log's own arguments win; a caller's value must agree with them. Returns (value, source)."""
     if log.seq_length is not None:
         if seq_length is not None and seq_length != log.seq_length:
             raise MetricsInputError(
                 f"seq_length: {seq_length} was given but the log's arguments say {log.seq_length}"
             )
-        seq, seq_source = log.seq_length, "log"
-    elif seq_length is not None:
-        seq, seq_source = seq_length, "option"
+        return log.seq_length, "log"
+    if seq_length is not None:
+        return seq_length, "option"
+    return None, None
 
-    if log.world_size is not None and log.world_size != gpus:
-        raise MetricsInputError(f"gpus: {gpus} was given but the log's arguments say world_size {log.world_size}")
 
-    steps = [log.steps[i] for i in sorted(log.steps)]
-    reasons: list[str] = []
-    window_recs = [log.steps[i] for i in its if i in log.steps]
-    missing = [i for i in its if i not in log.steps]
-    if missing:
-        reasons.append(f"window iterations missing from the log: {_ranges(missing)}")
-
-    # Tokens per step and step times over the window.
+def _derived_step_times(
+    steps: list[StepRecord], global_batch_size: int | None, seq: int | None, gpus: int
+) -> dict[int, float]:
+    """Step times (ms) derived from tokens/s where a log has no step time; fills a missing global
+    batch size in with the caller's."""
     derived: dict[int, float] = {}
     for rec in steps:
         if rec.global_batch_size is None and global_batch_size is not None:
@@ -290,6 +279,13 @@ def analyze(
         if rec.step_time_ms is None and rec.tokens_per_s_per_device and gbs and seq:
             # torchtitan: step time = tokens per step / (tps x GPUs)
             derived[rec.iteration] = gbs * seq / (rec.tokens_per_s_per_device * gpus) * 1000.0
+    return derived
+
+
+def _window_samples(
+    window_recs: list[StepRecord], derived: dict[int, float], seq: int | None, gpus: int, reasons: list[str]
+) -> tuple[list[float], list[float], set[str]]:
+    """(tokens per step, step seconds, the kinds of step time) over the window; appends what is wrong."""
     tokens: list[float] = []
     times_s: list[float] = []
     kinds: set[str] = set()
@@ -321,6 +317,55 @@ def analyze(
             times_s.append(1.0 / (rec.tokens_per_s_per_device * gpus))
         elif not rec.problems:  # a damaged record is reported once, with its problems
             reasons.append(f"iteration {rec.iteration} has no step time")
+    return tokens, times_s, kinds
+
+
+def _step_health(window_recs: list[StepRecord], reasons: list[str]) -> None:
+    """Per-step health inside the window: damaged, skipped, NaN or loss-less iterations."""
+    for rec in window_recs:
+        if rec.problems:
+            reasons.append(f"iteration {rec.iteration}: " + "; ".join(rec.problems))
+        if rec.skipped_iterations:
+            reasons.append(f"iteration {rec.iteration} was skipped ({rec.skipped_iterations} skipped)")
+        if rec.nan_iterations:
+            reasons.append(f"iteration {rec.iteration} had NaN ({rec.nan_iterations} nan iterations)")
+        if rec.problems:
+            continue  # reported above, with what could not be read
+        if rec.loss is None:
+            reasons.append(f"iteration {rec.iteration} has no loss (NaN or negative loss)")
+        elif not math.isfinite(rec.loss):
+            reasons.append(f"iteration {rec.iteration} loss is {rec.loss}")
+
+
+def analyze(
+    log: ParsedLog,
+    *,
+    gpus: int,
+    window: tuple[int, int] = DEFAULT_WINDOW,
+    seq_length: int | None = None,
+    global_batch_size: int | None = None,
+    max_spread: float = DEFAULT_MAX_SPREAD,
+    exit_status: int | None = None,
+    seconds_since_progress: float | None = None,
+    hang_after_s: float = DEFAULT_HANG_AFTER_S,
+) -> RunMetrics:
+    """Score a parsed log. Raises MetricsInputError on input that cannot be scored."""
+    its = _check_options(gpus, max_spread, window, seq_length, global_batch_size)
+    seq, seq_source = _sequence_length(log, seq_length)
+
+    if log.world_size is not None and log.world_size != gpus:
+        raise MetricsInputError(f"gpus: {gpus} was given but the log's arguments say world_size {log.world_size}")
+
+    steps = [log.steps[i] for i in sorted(log.steps)]
+    reasons: list[str] = []
+    window_recs = [log.steps[i] for i in its if i in log.steps]
+    missing = [i for i in its if i not in log.steps]
+    if missing:
+        reasons.append(f"window iterations missing from the log: {_ranges(missing)}")
+
+    # Tokens per step and step times over the window.
+    derived = _derived_step_times(steps, global_batch_size, seq, gpus)
+    tokens, times_s, kinds = _window_samples(window_recs, derived, seq, gpus, reasons)
     if len(kinds) > 1:
         reasons.append(f"window mixes step-time sources {sorted(kinds)}; no throughput")
         tokens, times_s = [], []
@@ -340,19 +385,7 @@ def analyze(
     dup = sorted(set(log.duplicate_iterations) & set(its))
     if dup:
         reasons.append(f"iterations logged more than once (a restart?): {_ranges(dup)}")
-    for rec in window_recs:
-        if rec.problems:
-            reasons.append(f"iteration {rec.iteration}: " + "; ".join(rec.problems))
-        if rec.skipped_iterations:
-            reasons.append(f"iteration {rec.iteration} was skipped ({rec.skipped_iterations} skipped)")
-        if rec.nan_iterations:
-            reasons.append(f"iteration {rec.iteration} had NaN ({rec.nan_iterations} nan iterations)")
-        if rec.problems:
-            continue  # reported above, with what could not be read
-        if rec.loss is None:
-            reasons.append(f"iteration {rec.iteration} has no loss (NaN or negative loss)")
-        elif not math.isfinite(rec.loss):
-            reasons.append(f"iteration {rec.iteration} loss is {rec.loss}")
+    _step_health(window_recs, reasons)
 
     last = steps[-1] if steps else None
     train_iters = log.train_iters
