@@ -15,9 +15,10 @@ import re
 import shutil
 import statistics
 import tempfile
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attune import __version__
 from attune.ttb import protocol as proto
@@ -36,6 +37,11 @@ from attune.ttb.entry import (
     usd_per_million,
 )
 from attune.ttb.head import ledger_head
+
+if TYPE_CHECKING:
+    from attune.measure import Calibration
+    from attune.spec import CampaignSpec
+    from attune.state import CampaignState, RunState
 
 
 class SubmitRefused(Exception):
@@ -64,14 +70,30 @@ def diff_args(public: dict[str, Any], entry: dict[str, Any], skip: set[str] | fr
     return out
 
 
-def submit(campaign_dir: str | Path, out_root: str | Path, prices: PriceTable, *,
-           public_recipe: str | Path | None = None, now: datetime | None = None) -> tuple[Path, Entry]:
-    """Build the entry directory under `out_root`; returns its path and model."""
+@dataclass
+class _Admitted:
+    """A campaign that may become an entry, and what its entry is built from."""
+
+    d: Path
+    spec: CampaignSpec
+    state: CampaignState
+    protocol: proto.Protocol
+    is_baseline: bool
+    verdict: dict[str, Any] | None  # the shipped recipe's passed check (None: the baseline ships)
+    ev_path: Path
+    cal: Calibration
+    valid: list[dict[str, Any]]  # the shipped recipe's valid re-measurements
+    base_vals: list[float]  # the baseline's
+    runs_needed: set[str]  # the runs whose logs the entry keeps
+    ref: RunState | None  # the check's reference run
+    cand_check: Any  # the candidate's check run id
+
+
+def _admit(campaign_dir: str | Path) -> _Admitted:
+    """Refuse (SubmitRefused) a campaign that cannot become an entry."""
     from attune import ledger, shipping
     from attune.spec import SpecError, load_spec
     from attune.state import load
-    from gate import logparse
-    from gate.inputs import curve_to_json
 
     d = Path(campaign_dir)
     if not (d / "campaign.yaml").is_file():
@@ -119,7 +141,22 @@ def submit(campaign_dir: str | Path, out_root: str | Path, prices: PriceTable, *
     missing = [r for r in sorted(runs_needed) if not (d / "runs" / r / "log.txt").is_file()]
     if missing:
         raise SubmitRefused(f"evidence missing: no log for run(s) {', '.join(missing)}")
+    return _Admitted(d, spec, state, protocol, is_baseline, verdict, ev_path, cal, valid, base_vals,
+                     runs_needed, ref, cand_check)
 
+
+def submit(campaign_dir: str | Path, out_root: str | Path, prices: PriceTable, *,
+           public_recipe: str | Path | None = None, now: datetime | None = None) -> tuple[Path, Entry]:
+    """Build the entry directory under `out_root`; returns its path and model."""
+    from attune import ledger, shipping
+    from attune.spec import SpecError
+    from gate import logparse
+    from gate.inputs import curve_to_json
+
+    adm = _admit(campaign_dir)
+    d, spec, state, protocol, is_baseline = adm.d, adm.spec, adm.state, adm.protocol, adm.is_baseline
+    verdict, ev_path, cal, valid, base_vals = adm.verdict, adm.ev_path, adm.cal, adm.valid, adm.base_vals
+    runs_needed, ref, cand_check = adm.runs_needed, adm.ref, adm.cand_check
     source_head = ledger_head(d)
     from attune.launch import SOURCE_ROOT
     from attune.ttb.paths import Relocator
