@@ -530,6 +530,17 @@ def _tp_ok(model: ModelDims, opts: LayoutOptions, tp: int) -> bool:
     return not (model.dp_only and tp > 1)
 
 
+def _pp_ok(model: ModelDims, opts: LayoutOptions, pp: int) -> bool:
+    return _ok(opts, "pp", pp) and pp <= model.layers and not (model.dp_only and pp > 1)
+
+
+def _cp_ok(model: ModelDims, opts: LayoutOptions, cp: int, seq: int | None) -> bool:
+    """CP is allowed, the model is not data-parallel only, and the sequence splits in 2 x CP chunks."""
+    if not _ok(opts, "cp", cp) or (model.dp_only and cp > 1):
+        return False
+    return not (cp > 1 and seq is not None and seq % (2 * cp))
+
+
 def _layout_notes(pp: int, cp: int, vp: int, mb: int | None, seq: int | None) -> list[str]:
     notes: list[str] = []
     if vp > 1 and pp == 2:
@@ -583,12 +594,10 @@ def enumerate_layouts(model: ModelDims, opts: LayoutOptions) -> list[LayoutRepor
         if opts.tp_within_node and not tp_in_node:
             continue
         for pp in divisors(n // tp):
-            if not _ok(opts, "pp", pp) or pp > model.layers or (model.dp_only and pp > 1):
+            if not _pp_ok(model, opts, pp):
                 continue
             for cp in divisors(n // (tp * pp)):
-                if not _ok(opts, "cp", cp) or (model.dp_only and cp > 1):
-                    continue
-                if cp > 1 and seq is not None and seq % (2 * cp):
+                if not _cp_ok(model, opts, cp, seq):
                     continue
                 dp = n // (tp * pp * cp)
                 if not _ok(opts, "dp", dp):

@@ -337,6 +337,38 @@ def _step_health(window_recs: list[StepRecord], reasons: list[str]) -> None:
             reasons.append(f"iteration {rec.iteration} loss is {rec.loss}")
 
 
+def _window_figures(
+    tokens: list[float], times_s: list[float], kinds: set[str], gpus: int, max_spread: float, reasons: list[str]
+) -> tuple[str | None, float | None, float | None, dict[str, float] | None]:
+    """(step-time source, windowed throughput, step-time spread, step-time stats) of the window's samples."""
+    if len(kinds) > 1:
+        reasons.append(f"window mixes step-time sources {sorted(kinds)}; no throughput")
+        tokens, times_s = [], []
+    kind = next(iter(kinds)) if len(kinds) == 1 else None
+    throughput = measure.windowed_throughput(tokens, times_s, gpus) if tokens else None
+
+    spread = measure.coefficient_of_variation(times_s) if times_s else None
+    step_stats = None
+    if times_s and kind != "tps_only":
+        ms = [t * 1000.0 for t in times_s]
+        step_stats = {"mean": statistics.fmean(ms), "min": min(ms), "max": max(ms)}
+    if spread is not None and spread > max_spread:
+        reasons.append(f"window step-time spread {spread:.3f} exceeds {max_spread:.3f}")
+    return kind, throughput, spread, step_stats
+
+
+def _end_reasons(log: ParsedLog, verdict: Verdict, last: StepRecord | None, reasons: list[str]) -> None:
+    """A failed or incomplete run, first among the reasons."""
+    train_iters = log.train_iters
+    if verdict.failure_class != "ok":
+        reasons.insert(0, f"the run failed: {verdict.failure_class} ({verdict.reason})")
+    if last is not None and train_iters is not None and train_iters - last.iteration >= _log_interval(log):
+        # Never valid, whatever the exit status says (an interrupted run can exit 0 or 1). A log
+        # written every N iterations may end up to N - 1 iterations before the last one.
+        reasons.insert(1 if verdict.failure_class != "ok" else 0,
+                       f"the run is incomplete: its log stops at iteration {last.iteration} of {train_iters}")
+
+
 def analyze(
     log: ParsedLog,
     *,
@@ -366,20 +398,7 @@ def analyze(
     # Tokens per step and step times over the window.
     derived = _derived_step_times(steps, global_batch_size, seq, gpus)
     tokens, times_s, kinds = _window_samples(window_recs, derived, seq, gpus, reasons)
-    if len(kinds) > 1:
-        reasons.append(f"window mixes step-time sources {sorted(kinds)}; no throughput")
-        tokens, times_s = [], []
-    kind = next(iter(kinds)) if len(kinds) == 1 else None
-    throughput = measure.windowed_throughput(tokens, times_s, gpus) if tokens else None
-
-    spread = measure.coefficient_of_variation(times_s) if times_s else None
-    step_stats = None
-    if times_s and kind != "tps_only":
-        ms = [t * 1000.0 for t in times_s]
-        step_stats = {"mean": statistics.fmean(ms), "min": min(ms), "max": max(ms)}
-    if spread is not None and spread > max_spread:
-        reasons.append(f"window step-time spread {spread:.3f} exceeds {max_spread:.3f}")
-    time_source = kind
+    time_source, throughput, spread, step_stats = _window_figures(tokens, times_s, kinds, gpus, max_spread, reasons)
 
     # Per-step health inside the window.
     dup = sorted(set(log.duplicate_iterations) & set(its))
@@ -397,13 +416,7 @@ def analyze(
         last_iteration=last.iteration if last else None,
         train_iters=train_iters,
     )
-    if verdict.failure_class != "ok":
-        reasons.insert(0, f"the run failed: {verdict.failure_class} ({verdict.reason})")
-    if last is not None and train_iters is not None and train_iters - last.iteration >= _log_interval(log):
-        # Never valid, whatever the exit status says (an interrupted run can exit 0 or 1). A log
-        # written every N iterations may end up to N - 1 iterations before the last one.
-        reasons.insert(1 if verdict.failure_class != "ok" else 0,
-                       f"the run is incomplete: its log stops at iteration {last.iteration} of {train_iters}")
+    _end_reasons(log, verdict, last, reasons)
 
     world = log.world_size or gpus
     pp = log.pipeline_parallel_size
