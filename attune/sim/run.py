@@ -28,7 +28,15 @@ from attune.sim.api import args_from_command, resolve_accelerator, resolve_model
 from attune.sim.constants import DEFAULT, Constants
 from attune.sim.estimate import Estimate, estimate_recipe
 from attune.sim.loss import LossModel
-from attune.sim.recipe import ArgValue, RecipeError, build_recipe, resolved_arguments, unmodelled_flags
+from attune.sim.memory import MemoryReport
+from attune.sim.recipe import (
+    ArgValue,
+    RecipeError,
+    SimRecipe,
+    build_recipe,
+    resolved_arguments,
+    unmodelled_flags,
+)
 
 MIB = 1024.0
 
@@ -156,7 +164,7 @@ def plan_run(
     factor = 1.0 + settings.throughput_noise * rng.gauss(0.0, 1.0)
     factor = max(factor, 0.5)
     loss_model = LossModel(recipe, tuple(est.defects))
-    lr = float(flags.get("--lr") or 1e-6) if not isinstance(flags.get("--lr"), bool) else 1e-6
+    lr = _learning_rate(flags)
     t = startup
     step_times: list[float] = []
     losses: dict[int, float] = {}
@@ -165,10 +173,7 @@ def plan_run(
     mem = est.memory
     for k in range(recipe.train_iters):
         it = k + 1
-        warm = 1.0 + (c.warmup_step0 if k == 0 else c.warmup_steps13 if k <= 3 else 0.0)
-        s = est.step.seconds / factor * warm * (1.0 + settings.step_jitter * rng.gauss(0.0, 1.0))
-        if recipe.profile and prof_start <= k < prof_end:
-            s *= 1.0 + settings.profile_overhead
+        s = _step_seconds(k, est.step.seconds, factor, c, settings, rng, recipe)
         t += s
         step_times.append(s)
         loss = loss_model.lm_loss(k, f"{settings.seed}/{job_key}")
@@ -182,10 +187,7 @@ def plan_run(
                                 gbs=recipe.gbs, step_ms=s * 1e3, tflops=tflops, lr=lr, lm_loss=loss,
                                 extra_losses=extra, grad_norm=0.6 + 0.3 * abs(rng.gauss(0, 1))))
         if it == 1 and mem is not None:
-            for st in mem.stages:
-                jitter = 1.0 + 0.002 * rng.gauss(0.0, 1.0)
-                at(t, ml.memory_line(st.first_rank, 1, st.allocated_gib * MIB, st.peak_gib * MIB * jitter,
-                                     st.reserved_gib * MIB * jitter, st.reserved_gib * MIB * jitter))
+            lines.extend((t, line) for line in _memory_lines(mem, rng))
         if recipe.profile and k == prof_end - 1:
             trace_at = t
     at(t + 3.0, f"[after training is done] datetime: {ml.timestamp(start_epoch + t + 3.0)}")
@@ -199,6 +201,31 @@ def plan_run(
         plan.write_traces = trace_writer(recipe, est, step_times, prof_start, prof_end, start_epoch, startup, factor)
         plan.trace_at_s = trace_at
     return _finish(plan, settings, job_key, nodes, start_epoch, limit)
+
+
+def _learning_rate(flags: Mapping[str, ArgValue]) -> float:
+    return float(flags.get("--lr") or 1e-6) if not isinstance(flags.get("--lr"), bool) else 1e-6
+
+
+def _step_seconds(k: int, base_s: float, factor: float, c: Constants, settings: SimSettings, rng: random.Random,
+                  recipe: SimRecipe) -> float:
+    """Step k's time: the model's step over the run's noise factor, warm-up, jitter and profiler overhead."""
+    warm = 1.0 + (c.warmup_step0 if k == 0 else c.warmup_steps13 if k <= 3 else 0.0)
+    s = base_s / factor * warm * (1.0 + settings.step_jitter * rng.gauss(0.0, 1.0))
+    prof_start, prof_end = recipe.profile_steps
+    if recipe.profile and prof_start <= k < prof_end:
+        s *= 1.0 + settings.profile_overhead
+    return s
+
+
+def _memory_lines(mem: MemoryReport, rng: random.Random) -> list[str]:
+    """The memory report Megatron prints after the first step, one line per pipeline stage's first rank."""
+    out = []
+    for st in mem.stages:
+        jitter = 1.0 + 0.002 * rng.gauss(0.0, 1.0)
+        out.append(ml.memory_line(st.first_rank, 1, st.allocated_gib * MIB, st.peak_gib * MIB * jitter,
+                                  st.reserved_gib * MIB * jitter, st.reserved_gib * MIB * jitter))
+    return out
 
 
 def _failure_at_start(est: Estimate, settings: SimSettings, rank_fail: int,
