@@ -90,13 +90,12 @@ class _Admitted:
     cand_check: Any  # the candidate's check run id
 
 
-def _admit(campaign_dir: str | Path) -> _Admitted:
-    """Refuse (SubmitRefused) a campaign that cannot become an entry."""
-    from attune import ledger, shipping
+def _load_campaign(d: Path) -> tuple[CampaignSpec, proto.Protocol, CampaignState]:
+    """The campaign's spec, its TTB protocol and its state; refused unless the ledger verifies."""
+    from attune import ledger
     from attune.spec import SpecError, load_spec
     from attune.state import load
 
-    d = Path(campaign_dir)
     if not (d / "campaign.yaml").is_file():
         raise SubmitRefused(f"{d}: no campaign.yaml (not a campaign directory)")
     try:
@@ -111,6 +110,13 @@ def _admit(campaign_dir: str | Path) -> _Admitted:
         first = why.get(proto.TTB_V1.id) or ["unknown"]
         raise SubmitRefused("the campaign did not use the TTB workload: " + "; ".join(first))
     state, _ = load(d)
+    return spec, protocol, state
+
+
+def _shipped_verdict(state: CampaignState) -> tuple[str, bool, dict[str, Any] | None]:
+    """(shipped run id, the baseline ships?, its passed check verdict); refused unless it passed."""
+    from attune import shipping
+
     if state.shipped is None:
         raise SubmitRefused("the campaign has not shipped a recipe (it failed or has not finished)")
     shipped_id = str(state.shipped.get("run_id"))
@@ -119,6 +125,35 @@ def _admit(campaign_dir: str | Path) -> _Admitted:
     if not is_baseline and not (verdict and verdict.get("passed")):
         raise SubmitRefused(f"the shipped recipe {shipped_id} did not pass the correctness gate"
                             + (f": {verdict.get('reason')}" if verdict else ": no check verdict"))
+    return shipped_id, is_baseline, verdict
+
+
+def _evidence_runs(d: Path, state: CampaignState, valid: list[dict[str, Any]],
+                   verdict: dict[str, Any] | None) -> tuple[set[str], RunState | None, Any]:
+    """(the runs whose logs the entry keeps, the check's reference run, the candidate's check run id);
+    refused when a log is missing."""
+    from attune import shipping
+
+    runs_needed = {str(r["run_id"]) for r in valid} | set(state.calibration_run_ids)
+    runs_needed |= {str(r["run_id"]) for r in state.remeasurements if r.get("recipe_of") == "baseline"}
+    ref = shipping.reference_run(state)
+    cand_check = verdict.get("run_id") if verdict else None
+    for rid in (ref.run_id if ref else None, cand_check):
+        if rid:
+            runs_needed.add(str(rid))
+    missing = [r for r in sorted(runs_needed) if not (d / "runs" / r / "log.txt").is_file()]
+    if missing:
+        raise SubmitRefused(f"evidence missing: no log for run(s) {', '.join(missing)}")
+    return runs_needed, ref, cand_check
+
+
+def _admit(campaign_dir: str | Path) -> _Admitted:
+    """Refuse (SubmitRefused) a campaign that cannot become an entry."""
+    from attune import shipping
+
+    d = Path(campaign_dir)
+    spec, protocol, state = _load_campaign(d)
+    shipped_id, is_baseline, verdict = _shipped_verdict(state)
     if not shipping.done(state):
         raise SubmitRefused("the final re-measurement is not complete (rerun attune tune to finish it)")
     ev_path = d / shipping.SHIPPED_DIR / "evidence.json"
@@ -132,16 +167,7 @@ def _admit(campaign_dir: str | Path) -> _Admitted:
         raise SubmitRefused(f"the shipped recipe {shipped_id} has no valid re-measurement")
     base_vals = [float(r["tokens_per_s_per_gpu"]) for r in state.remeasurements
                  if r.get("recipe_of") == "baseline" and r.get("valid")]
-    runs_needed = {str(r["run_id"]) for r in valid} | set(state.calibration_run_ids)
-    runs_needed |= {str(r["run_id"]) for r in state.remeasurements if r.get("recipe_of") == "baseline"}
-    ref = shipping.reference_run(state)
-    cand_check = verdict.get("run_id") if verdict else None
-    for rid in (ref.run_id if ref else None, cand_check):
-        if rid:
-            runs_needed.add(str(rid))
-    missing = [r for r in sorted(runs_needed) if not (d / "runs" / r / "log.txt").is_file()]
-    if missing:
-        raise SubmitRefused(f"evidence missing: no log for run(s) {', '.join(missing)}")
+    runs_needed, ref, cand_check = _evidence_runs(d, state, valid, verdict)
     return _Admitted(d, spec, state, protocol, is_baseline, verdict, ev_path, cal, valid, base_vals,
                      runs_needed, ref, cand_check)
 
