@@ -22,6 +22,7 @@ import hashlib
 import json
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -203,7 +204,6 @@ class _EntryChecks:
     def throughput(self) -> tuple[str, None]:
         e, ev, state, spec, shipped_id = self.e, self.ev, self.state, self.spec, self.shipped_id
         from attune.launch import score_run
-        from attune.measure import calibrate
 
         t = e.throughput
         measured = {r["run_id"]: r for r in state.remeasurements}
@@ -224,6 +224,27 @@ class _EntryChecks:
         if not _close(statistics.fmean(t.values), t.tokens_per_s_per_gpu):
             probs.append(f"tokens/s/GPU {t.tokens_per_s_per_gpu} is not the mean of its runs "
                          f"({statistics.fmean(t.values)})")
+        probs += self._calibration_problems(rescore)
+        base = [float(r["tokens_per_s_per_gpu"]) for r in state.remeasurements
+                if r.get("recipe_of") == "baseline" and r.get("valid")]
+        probs += self._baseline_problems(rescore)
+        base_mean = statistics.fmean(base) if base else None
+        if not _close(base_mean, t.baseline_tokens_per_s_per_gpu):
+            probs.append(f"baseline re-measurement {t.baseline_tokens_per_s_per_gpu} is not the ledger's {base_mean}")
+        elif base_mean and not _close(t.gain, t.tokens_per_s_per_gpu / base_mean - 1.0):
+            probs.append(f"gain {t.gain} does not follow from the throughputs")
+        if probs:
+            raise _Fail("; ".join(probs))
+        return (f"{len(t.runs)} re-measurement(s) and {len(t.calibration_runs)} calibration run(s) rescored from their "
+                f"logs: {t.tokens_per_s_per_gpu:,.1f} tokens/s/GPU, band {t.band:.1%}"), None
+
+    def _calibration_problems(self, rescore: Callable[[str], float | None]) -> list[str]:
+        """The calibration logs, scored again, give the ledger's values and the entry's band."""
+        from attune.measure import calibrate
+
+        e, state, spec = self.e, self.state, self.spec
+        t = e.throughput
+        probs = []
         cal_vals = []
         for rid in t.calibration_runs:
             got = rescore(rid)
@@ -238,22 +259,17 @@ class _EntryChecks:
                     and _close(cal.rel_sigma, t.calibration_rel_sigma)):
                 probs.append(f"calibration: the logs give mean {cal.mean:.6g}, band {cal.band:.4g}; the entry says "
                              f"{t.calibration_mean:.6g}, {t.band:.4g}")
-        base = [float(r["tokens_per_s_per_gpu"]) for r in state.remeasurements
-                if r.get("recipe_of") == "baseline" and r.get("valid")]
-        for r in state.remeasurements:
+        return probs
+
+    def _baseline_problems(self, rescore: Callable[[str], float | None]) -> list[str]:
+        """The baseline's valid re-measurement logs, scored again, give the ledger's values."""
+        probs = []
+        for r in self.state.remeasurements:
             if r.get("recipe_of") == "baseline" and r.get("valid"):
                 got = rescore(str(r["run_id"]))
                 if not _close(got, float(r["tokens_per_s_per_gpu"])):
                     probs.append(f"baseline run {r['run_id']}: its log gives {got}, the ledger {r['tokens_per_s_per_gpu']}")
-        base_mean = statistics.fmean(base) if base else None
-        if not _close(base_mean, t.baseline_tokens_per_s_per_gpu):
-            probs.append(f"baseline re-measurement {t.baseline_tokens_per_s_per_gpu} is not the ledger's {base_mean}")
-        elif base_mean and not _close(t.gain, t.tokens_per_s_per_gpu / base_mean - 1.0):
-            probs.append(f"gain {t.gain} does not follow from the throughputs")
-        if probs:
-            raise _Fail("; ".join(probs))
-        return (f"{len(t.runs)} re-measurement(s) and {len(t.calibration_runs)} calibration run(s) rescored from their "
-                f"logs: {t.tokens_per_s_per_gpu:,.1f} tokens/s/GPU, band {t.band:.1%}"), None
+        return probs
 
     def _curves_and_resolved(self) -> dict[str, tuple[dict[int, float | None], dict[str, str], dict[str, str]]]:
         e, ev = self.e, self.ev
