@@ -426,7 +426,7 @@ def _vp_from_args(args: Mapping[str, ArgValue], model: ModelDims, pp: int, first
 
 
 def _first_refusal(rules: Iterable[tuple[bool, str]]) -> None:
-    """Raise the message of the first broken rule (rules: (broken?, message), in Megatron's order)."""
+    """Raise the message of the first broken rule (rules: (broken?, message), checked in order)."""
     for broken, message in rules:
         if broken:
             raise RecipeError(message)
@@ -548,8 +548,8 @@ def _recompute_granularity(a: Mapping[str, ArgValue]) -> tuple[str, tuple[str, .
     return gran, modules
 
 
-def _full_recompute(a: Mapping[str, ArgValue], model: ModelDims, layout: Layout, vp: int, pp: int,
-                    method: str | None, n_rec: int | None) -> tuple[str, int]:
+def _full_recompute(model: ModelDims, layout: Layout, vp: int, pp: int, method: str | None,
+                    n_rec: int | None) -> tuple[str, int]:
     """--recompute-method and --recompute-num-layers for full recomputation, checked against a pipeline chunk."""
     method = method or "uniform"
     if method not in ("uniform", "block"):
@@ -571,7 +571,7 @@ def _recompute(a: Mapping[str, ArgValue], model: ModelDims, layout: Layout, vp: 
     method = _as_str(a, "--recompute-method")
     n_rec = _as_int(a, "--recompute-num-layers")
     if gran == "full":
-        method, n_rec = _full_recompute(a, model, layout, vp, pp, method, n_rec)
+        method, n_rec = _full_recompute(model, layout, vp, pp, method, n_rec)
     else:
         method = method or "uniform"
         n_rec = n_rec or 1
@@ -692,8 +692,8 @@ def build_recipe(
 ) -> SimRecipe:
     """Resolve a Megatron command line for `model` on `gpus` GPUs of `acc`. Raises RecipeError.
 
-    The sections run in the order Megatron validates its arguments, so a command line with several
-    problems is refused with the one a real start-up would report first."""
+    The sections below run in a fixed order, and each raises at its first problem: a command line
+    with several problems is always refused with the same one."""
     env = dict(env or {})
     a = dict(args)
     _check_architecture(model, a)
