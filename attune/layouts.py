@@ -514,6 +514,63 @@ class LayoutReport:
         }
 
 
+def _tp_ok(model: ModelDims, opts: LayoutOptions, tp: int) -> bool:
+    if not _ok(opts, "tp", tp) or model.heads % tp or model.groups % tp:
+        return False
+    return not (model.dp_only and tp > 1)
+
+
+def _pp_ok(model: ModelDims, opts: LayoutOptions, pp: int) -> bool:
+    return _ok(opts, "pp", pp) and pp <= model.layers and not (model.dp_only and pp > 1)
+
+
+def _cp_ok(model: ModelDims, opts: LayoutOptions, cp: int, seq: int | None) -> bool:
+    """CP is allowed, the model is not data-parallel only, and the sequence splits in 2 x CP chunks."""
+    if not _ok(opts, "cp", cp) or (model.dp_only and cp > 1):
+        return False
+    return not (cp > 1 and seq is not None and seq % (2 * cp))
+
+
+def _layout_notes(pp: int, cp: int, vp: int, mb: int | None, seq: int | None) -> list[str]:
+    notes: list[str] = []
+    if vp > 1 and pp == 2:
+        notes.append("VP at PP 2 needs --overlap-p2p-comm")
+    if vp > 1 and mb is not None and mb % pp:
+        notes.append(f"{mb} microbatches not divisible by PP {pp}: some Megatron versions refuse VP")
+    if cp > 1 and seq is None:
+        notes.append("sequence length unknown: check seq_length % (2 x CP) == 0")
+    return notes
+
+
+def _microbatches(opts: LayoutOptions, dp: int) -> tuple[bool, int | None]:
+    """(feasible?, microbatches per step): the global batch must split into micro batches over DP."""
+    if opts.global_batch is None:
+        return True, None
+    per_step = opts.micro_batch * dp
+    if opts.global_batch % per_step:
+        return False, None
+    return True, opts.global_batch // per_step
+
+
+def _expert_layouts(model: ModelDims, opts: LayoutOptions, tp: int, pp: int, cp: int, dp: int, vp: int,
+                    split: PipelineSplit) -> Iterable[tuple[Layout, bool]]:
+    """Every (layout, expert group within a node?) of the expert degrees ETP x EP over TP x CP x DP."""
+    dense_ranks = tp * cp * dp
+    for etp in divisors(dense_ranks):
+        if not _ok(opts, "etp", etp) or model.moe_ffn % etp:
+            continue
+        for ep in divisors(model.experts):
+            if not _ok(opts, "ep", ep) or dense_ranks % (etp * ep):
+                continue
+            edp = dense_ranks // (etp * ep)
+            if not _ok(opts, "edp", edp):
+                continue
+            ep_in_node = _group_in_node(etp * ep, opts.gpus_per_node)
+            if opts.ep_within_node and not ep_in_node:
+                continue
+            yield Layout(tp, pp, cp, dp, vp, ep, etp, edp, split), ep_in_node
+
+
 def enumerate_layouts(model: ModelDims, opts: LayoutOptions) -> list[LayoutReport]:
     """Every feasible layout of `model` on opts.gpus GPUs, sorted by (TP, PP, VP, CP, EP, ETP)."""
     opts.check()
@@ -521,63 +578,37 @@ def enumerate_layouts(model: ModelDims, opts: LayoutOptions) -> list[LayoutRepor
     seq = opts.seq_length or model.seq_length
     out: list[LayoutReport] = []
     for tp in divisors(n):
-        if not _ok(opts, "tp", tp) or model.heads % tp or model.groups % tp:
-            continue
-        if model.dp_only and tp > 1:
+        if not _tp_ok(model, opts, tp):
             continue
         tp_in_node = _group_in_node(tp, gpn)
         if opts.tp_within_node and not tp_in_node:
             continue
         for pp in divisors(n // tp):
-            if not _ok(opts, "pp", pp) or pp > model.layers or (model.dp_only and pp > 1):
+            if not _pp_ok(model, opts, pp):
                 continue
             for cp in divisors(n // (tp * pp)):
-                if not _ok(opts, "cp", cp) or (model.dp_only and cp > 1):
-                    continue
-                if cp > 1 and seq is not None and seq % (2 * cp):
+                if not _cp_ok(model, opts, cp, seq):
                     continue
                 dp = n // (tp * pp * cp)
                 if not _ok(opts, "dp", dp):
                     continue
-                mb: int | None = None
-                if opts.global_batch is not None:
-                    per_step = opts.micro_batch * dp
-                    if opts.global_batch % per_step:
-                        continue
-                    mb = opts.global_batch // per_step
+                feasible, mb = _microbatches(opts, dp)
+                if not feasible:
+                    continue
                 for vp in _vp_options(model.layers, pp, opts):
                     split = pipeline_split(model.layers, pp, vp)
                     if split is None or (not split.even and not opts.allow_uneven):
                         continue
-                    notes: list[str] = []
-                    if vp > 1 and pp == 2:
-                        notes.append("VP at PP 2 needs --overlap-p2p-comm")
-                    if vp > 1 and mb is not None and mb % pp:
-                        notes.append(f"{mb} microbatches not divisible by PP {pp}: some Megatron versions refuse VP")
-                    if cp > 1 and seq is None:
-                        notes.append("sequence length unknown: check seq_length % (2 x CP) == 0")
+                    notes = _layout_notes(pp, cp, vp, mb, seq)
                     if not model.is_moe:
                         out.append(
                             LayoutReport(Layout(tp, pp, cp, dp, vp, split=split), mb, tuple(notes), tp_in_node, None)
                         )
                         continue
-                    dense_ranks = tp * cp * dp
                     if model.is_moe and tp > 1:
                         notes.append("MoE with TP > 1 needs --sequence-parallel")
-                    for etp in divisors(dense_ranks):
-                        if not _ok(opts, "etp", etp) or model.moe_ffn % etp:
-                            continue
-                        for ep in divisors(model.experts):
-                            if not _ok(opts, "ep", ep) or dense_ranks % (etp * ep):
-                                continue
-                            edp = dense_ranks // (etp * ep)
-                            if not _ok(opts, "edp", edp):
-                                continue
-                            ep_in_node = _group_in_node(etp * ep, gpn)
-                            if opts.ep_within_node and not ep_in_node:
-                                continue
-                            lay = Layout(tp, pp, cp, dp, vp, ep, etp, edp, split)
-                            out.append(LayoutReport(lay, mb, tuple(notes), tp_in_node, ep_in_node))
+                    for lay, ep_in_node in _expert_layouts(model, opts, tp, pp, cp, dp, vp, split):
+                        out.append(LayoutReport(lay, mb, tuple(notes), tp_in_node, ep_in_node))
     out.sort(key=lambda r: r.layout.key())
     return out
 

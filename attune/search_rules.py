@@ -365,103 +365,134 @@ def _estimate_step_s(spec: CampaignSpec, args: Mapping[str, Any], env: Mapping[s
         return None
 
 
-def stop_refusals(spec: CampaignSpec, state: CampaignState, levers_tested: list[str]) -> list[Refusal]:
-    """Every open stop rule (empty: the stop may be recorded)."""
-    if not enforced(state):
-        return []
-    out: list[Refusal] = []
-    if state.calibration is None:
-        out.append(Refusal("calibration_incomplete", (
-            "the baseline's calibration is not complete, so no measurement can be judged yet: finish the "
-            "calibration runs first"), [f"{len(state.calibration_values)}/{state.calibration_runs_required} "
-                                        "good calibration runs"]))
-        return out
-    launched = _launched_names(spec, state)
-    not_run = [lv for lv in levers_tested if lv not in launched]
-    if not_run:
-        out.append(Refusal("levers_not_run", (
-            "levers_tested names levers that no finished search run changed: list only levers the campaign "
-            "measured"), not_run))
-    gpus = spec.cluster.gpus
-    feasible = feasible_degrees(spec)
-    l_args, l_env = leader_recipe(spec, state)
-    runs = _search_runs(state)
-    full = {r.run_id: recipe(spec, r.changes) for r in runs}
-    # Rule 4, first half: a lever named as tested (and not part of the leader) saw two values or its limit.
-    leader_names = set(changed_names(*recipe(spec, None), l_args, l_env))
+@dataclass
+class _StopContext:
+    """What the stop rules read: the campaign, its finished search runs and the leader's recipe."""
+
+    spec: CampaignSpec
+    state: CampaignState
+    levers_tested: list[str]
+    not_run: list[str]
+    feasible: dict[str, list[int]] | None
+    leader_args: dict[str, Any]
+    leader_env: dict[str, str]
+    runs: list[RunState]
+    full: dict[str, tuple[dict[str, Any], dict[str, str]]]  # run id -> its full recipe
+
+    @property
+    def gpus(self) -> int:
+        return self.spec.cluster.gpus
+
+
+def _rule_levers_not_run(c: _StopContext) -> Refusal | None:
+    if not c.not_run:
+        return None
+    return Refusal("levers_not_run", (
+        "levers_tested names levers that no finished search run changed: list only levers the campaign "
+        "measured"), c.not_run)
+
+
+def _lever_values(c: _StopContext, flags: set[str]) -> tuple[set[tuple[str, str]], bool]:
+    """The (flag, value) pairs the search runs gave a lever's flags, and whether one was at its limit."""
+    spec = c.spec
+    values: set[tuple[str, str]] = set()
+    at_limit = False
+    for r in c.runs:
+        a, e = c.full[r.run_id]
+        for f in flags:
+            base = spec.baseline.args.get(f, spec.baseline.env.get(f))
+            v = a.get(f, e.get(f))
+            if str(v) != str(base):
+                values.add((f, str(v)))
+                at_limit = at_limit or _at_limit(spec, f, v, c.feasible)
+    return values, at_limit
+
+
+def _rule4_lever_values(c: _StopContext) -> Refusal | None:
+    """Rule 4, first half: a lever named as tested (and not part of the leader) saw two values or its limit."""
+    leader_names = set(changed_names(*recipe(c.spec, None), c.leader_args, c.leader_env))
     few: list[str] = []
-    for lv in levers_tested:
-        if lv in not_run:
+    for lv in c.levers_tested:
+        if lv in c.not_run:
             continue
-        flags = _flags_for(spec, state, lv)
+        flags = _flags_for(c.spec, c.state, lv)
         if flags & leader_names:
             continue
-        values: set[tuple[str, str]] = set()
-        at_limit = False
-        for r in runs:
-            a, e = full[r.run_id]
-            for f in flags:
-                base = spec.baseline.args.get(f, spec.baseline.env.get(f))
-                v = a.get(f, e.get(f))
-                if str(v) != str(base):
-                    values.add((f, str(v)))
-                    at_limit = at_limit or _at_limit(spec, f, v, feasible)
+        values, at_limit = _lever_values(c, flags)
         if len(values) < 2 and not at_limit:
             tried = ", ".join(f"{f}={v}" for f, v in sorted(values)) or "no value"
             few.append(f"{lv} (tried {tried})")
-    if few:
-        out.append(Refusal("rule4_lever_values", (
-            "search rule 4: a lever is ruled out only after two values or its feasible limit"), few))
-    # Rule 4, second half: each of TP, PP, EP, CP and DP probed, or shown infeasible.
-    if feasible is not None:
-        base_deg = degrees(spec.baseline.args, gpus)
-        probed = {d: False for d in DIMENSIONS}
-        for r in runs:
-            deg = degrees(full[r.run_id][0], gpus)
-            for d in DIMENSIONS:
-                probed[d] = probed[d] or deg[d] != base_deg[d]
-        missing = [f"{d.upper()} (baseline {base_deg[d]}; feasible {feasible[d]})" for d in DIMENSIONS
-                   if not probed[d] and any(v != base_deg[d] for v in feasible[d])]
-        if missing:
-            out.append(Refusal("rule4_layout_unprobed", (
-                "search rule 4: the topology is exhausted only after each of TP, PP, EP, CP and DP was probed "
-                "(a degree the layout enumerator shows infeasible to move is exempt)"), missing))
-    # Rule 5: an out-of-memory layout the estimate ranks faster, retried with more memory savings.
-    leader_s = _estimate_step_s(spec, l_args, l_env)
-    leader_save = memory_savings(l_args)
+    if not few:
+        return None
+    return Refusal("rule4_lever_values", (
+        "search rule 4: a lever is ruled out only after two values or its feasible limit"), few)
+
+
+def _rule4_layout_unprobed(c: _StopContext) -> Refusal | None:
+    """Rule 4, second half: each of TP, PP, EP, CP and DP probed, or shown infeasible."""
+    if c.feasible is None:
+        return None
+    feasible = c.feasible
+    base_deg = degrees(c.spec.baseline.args, c.gpus)
+    probed = {d: False for d in DIMENSIONS}
+    for r in c.runs:
+        deg = degrees(c.full[r.run_id][0], c.gpus)
+        for d in DIMENSIONS:
+            probed[d] = probed[d] or deg[d] != base_deg[d]
+    missing = [f"{d.upper()} (baseline {base_deg[d]}; feasible {feasible[d]})" for d in DIMENSIONS
+               if not probed[d] and any(v != base_deg[d] for v in feasible[d])]
+    if not missing:
+        return None
+    return Refusal("rule4_layout_unprobed", (
+        "search rule 4: the topology is exhausted only after each of TP, PP, EP, CP and DP was probed "
+        "(a degree the layout enumerator shows infeasible to move is exempt)"), missing)
+
+
+def _retried_with_more_savings(c: _StopContext, r: RunState, key: tuple[int, ...], save: tuple[int, int]) -> bool:
+    """A run of the same layout with more savings, before or after, answers the question."""
+    for o in c.runs:
+        if o.run_id == r.run_id:
+            continue
+        oa = c.full[o.run_id][0]
+        if layout_key(oa, c.gpus) != key:
+            continue
+        osave = memory_savings(oa)
+        if o.outcome == RunOutcome.OK or osave[0] > save[0] or osave[1] > save[1]:
+            return True
+    return False
+
+
+def _rule5_oom_not_retried(c: _StopContext) -> Refusal | None:
+    """Rule 5: an out-of-memory layout the estimate ranks faster, retried with more memory savings."""
+    leader_s = _estimate_step_s(c.spec, c.leader_args, c.leader_env)
+    leader_save = memory_savings(c.leader_args)
     open5: list[str] = []
-    for r in runs:
+    for r in c.runs:
         if r.outcome != RunOutcome.OOM:
             continue
-        a, e = full[r.run_id]
-        key = layout_key(a, gpus)
+        a, e = c.full[r.run_id]
+        key = layout_key(a, c.gpus)
         save = memory_savings(a)
         if save[0] >= 2 and save[1] >= leader_save[1]:
             continue  # nothing left to add back: full recomputation, and every offload the leader uses
-        est = _estimate_step_s(spec, a, e)
+        est = _estimate_step_s(c.spec, a, e)
         if est is not None and leader_s is not None and est >= leader_s:
             continue  # the estimate ranks it no faster than the leader
-        retried = False
-        for o in runs:  # a run of the same layout with more savings, before or after, answers the question
-            if o.run_id == r.run_id:
-                continue
-            oa = full[o.run_id][0]
-            if layout_key(oa, gpus) != key:
-                continue
-            osave = memory_savings(oa)
-            if o.outcome == RunOutcome.OK or osave[0] > save[0] or osave[1] > save[1]:
-                retried = True
-                break
-        if not retried:
+        if not _retried_with_more_savings(c, r, key, save):
             why = "the estimate ranks it faster than the leader" if est is not None and leader_s is not None \
                 else "no estimate says it is slower"
             open5.append(f"{r.run_id} {_layout_text(key)} ({why}; retry it with full recomputation or offload)")
-    if open5:
-        out.append(Refusal("rule5_oom_not_retried", (
-            "search rule 5: a layout that ran out of memory is ruled out only after a retry with the memory "
-            "savings added back"), open5))
-    # Rule 6: flags that won on an earlier layout, re-tested on the final layout.
-    final_key = layout_key(l_args, gpus)
+    if not open5:
+        return None
+    return Refusal("rule5_oom_not_retried", (
+        "search rule 5: a layout that ran out of memory is ruled out only after a retry with the memory "
+        "savings added back"), open5)
+
+
+def _rule6_winners_not_retested(c: _StopContext) -> Refusal | None:
+    """Rule 6: flags that won on an earlier layout, re-tested on the final layout."""
+    spec, state, gpus, full, runs = c.spec, c.state, c.gpus, c.full, c.runs
+    final_key = layout_key(c.leader_args, gpus)
     layout_flags = set(LAYOUT_FLAGS.values()) | {
         "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--sequence-parallel"}
     open6: list[str] = []
@@ -481,8 +512,32 @@ def stop_refusals(spec: CampaignSpec, state: CampaignState, levers_tested: list[
                          for o in runs)
             if not tested:
                 open6.append(f"{name}={value} (won in {w.run_id} on {_layout_text(layout_key(wa, gpus))})")
-    if open6:
-        out.append(Refusal("rule6_winners_not_retested", (
-            f"search rule 6: flags that won on earlier layouts must be re-tested on the final layout "
-            f"({_layout_text(final_key)})"), sorted(set(open6))))
-    return out
+    if not open6:
+        return None
+    return Refusal("rule6_winners_not_retested", (
+        f"search rule 6: flags that won on earlier layouts must be re-tested on the final layout "
+        f"({_layout_text(final_key)})"), sorted(set(open6)))
+
+
+# The stop rules after calibration, in the order their refusals are listed.
+STOP_RULES = (_rule_levers_not_run, _rule4_lever_values, _rule4_layout_unprobed, _rule5_oom_not_retried,
+              _rule6_winners_not_retested)
+
+
+def stop_refusals(spec: CampaignSpec, state: CampaignState, levers_tested: list[str]) -> list[Refusal]:
+    """Every open stop rule (empty: the stop may be recorded)."""
+    if not enforced(state):
+        return []
+    if state.calibration is None:
+        return [Refusal("calibration_incomplete", (
+            "the baseline's calibration is not complete, so no measurement can be judged yet: finish the "
+            "calibration runs first"), [f"{len(state.calibration_values)}/{state.calibration_runs_required} "
+                                        "good calibration runs"])]
+    launched = _launched_names(spec, state)
+    not_run = [lv for lv in levers_tested if lv not in launched]
+    feasible = feasible_degrees(spec)
+    l_args, l_env = leader_recipe(spec, state)
+    runs = _search_runs(state)
+    full = {r.run_id: recipe(spec, r.changes) for r in runs}
+    c = _StopContext(spec, state, levers_tested, not_run, feasible, l_args, l_env, runs, full)
+    return [refusal for rule in STOP_RULES if (refusal := rule(c)) is not None]

@@ -236,81 +236,72 @@ def _resolve_long(spec: Spec, name: str) -> tuple[str, bool]:
     raise Denied(f"{spec.name} --{name} is ambiguous ({', '.join('--' + h for h in hits[:4])})")
 
 
-def parse(spec: Spec, words: list) -> list[tuple[str, object]]:
-    """Split a program's arguments into ("file", word-or-text), ("data", ...), ("operand", word).
+_WHY = "writes files, runs programs, reads files named in other files or follows links out of the campaign"
 
-    Raises Denied for an unknown or denied option, a missing value or too many operands."""
-    out: list[tuple[str, object]] = []
-    operands: list[object] = []
-    i, n = 0, len(words)
-    only_operands = False
-    gave_pattern = False  # grep/rg: -e/-f/--regexp/--file gave the pattern, so every operand is a file
-    why = "writes files, runs programs, reads files named in other files or follows links out of the campaign"
-    while i < n:
-        w = words[i]
-        t = w.text
+
+def _long_option(spec: Spec, t: str, words: list, i: int, out: list[tuple[str, object]]) -> tuple[int, bool]:
+    """Read `--name[=value]` (its value words start at i); returns (next i, gave a pattern?)."""
+    n = len(words)
+    name, eq, value = t[2:].partition("=")
+    full, ok = _resolve_long(spec, name)
+    if not ok:
+        raise Denied(f"{spec.name} --{full} {_WHY}")
+    kind = spec.long[full]
+    gave_pattern = full in ("regexp", "file")
+    if kind is None:
+        if eq:
+            raise Denied(f"{spec.name} --{full} takes no value")
+    elif kind == "optional":
+        if eq:
+            out.append(("data", value))
+    elif kind == "two":
+        if eq or i + 1 >= n:
+            raise Denied(f"{spec.name} --{full} takes two values")
+        out.append(("data", words[i]))
+        out.append(("data", words[i + 1]))
+        i += 2
+    elif eq:
+        out.append((kind, value))
+    elif i < n:
+        out.append((kind, words[i]))
         i += 1
-        if only_operands or t == "-" or not t.startswith("-"):
-            operands.append(w)
+    else:
+        raise Denied(f"{spec.name} --{full} needs a value")
+    return i, gave_pattern
+
+
+def _short_options(spec: Spec, t: str, words: list, i: int, out: list[tuple[str, object]]) -> tuple[int, bool]:
+    """Read a cluster of short options `-abc` (a value may follow in it or be the word at i);
+    returns (next i, gave a pattern?)."""
+    gave_pattern = False
+    j = 1
+    while j < len(t):
+        c = t[j]
+        j += 1
+        if c in spec.deny_short:
+            raise Denied(f"{spec.name} -{c} {_WHY}")
+        if c not in spec.short:
+            raise Denied(f"{spec.name} -{c} is not an option a campaign session may use")
+        kind = spec.short[c]
+        if kind is None:
             continue
-        if t == "--":
-            only_operands = True
-            continue
-        if t.startswith("--"):
-            name, eq, value = t[2:].partition("=")
-            full, ok = _resolve_long(spec, name)
-            if not ok:
-                raise Denied(f"{spec.name} --{full} {why}")
-            kind = spec.long[full]
-            gave_pattern = gave_pattern or full in ("regexp", "file")
-            if kind is None:
-                if eq:
-                    raise Denied(f"{spec.name} --{full} takes no value")
-            elif kind == "optional":
-                if eq:
-                    out.append(("data", value))
-            elif kind == "two":
-                if eq or i + 1 >= n:
-                    raise Denied(f"{spec.name} --{full} takes two values")
-                out.append(("data", words[i]))
-                out.append(("data", words[i + 1]))
-                i += 2
-            else:
-                if eq:
-                    out.append((kind, value))
-                elif i < n:
-                    out.append((kind, words[i]))
-                    i += 1
-                else:
-                    raise Denied(f"{spec.name} --{full} needs a value")
-            continue
-        # a cluster of short options
-        j = 1
-        if spec.digits and t[1:].isdigit():
-            continue
-        while j < len(t):
-            c = t[j]
-            j += 1
-            if c in spec.deny_short:
-                raise Denied(f"{spec.name} -{c} {why}")
-            if c not in spec.short:
-                raise Denied(f"{spec.name} -{c} is not an option a campaign session may use")
-            kind = spec.short[c]
-            if kind is None:
-                continue
-            gave_pattern = gave_pattern or c in "ef"
-            if j < len(t):
-                out.append((kind, t[j:]))
-            elif i < n:
-                out.append((kind, words[i]))
-                i += 1
-            else:
-                raise Denied(f"{spec.name} -{c} needs a value")
-            break
+        gave_pattern = gave_pattern or c in "ef"
+        if j < len(t):
+            out.append((kind, t[j:]))
+        elif i < len(words):
+            out.append((kind, words[i]))
+            i += 1
+        else:
+            raise Denied(f"{spec.name} -{c} needs a value")
+        break
+    return i, gave_pattern
+
+
+def _operands(spec: Spec, operands: list, has_pattern: bool, out: list[tuple[str, object]]) -> None:
+    """What each operand is, by the program's `operands` kind."""
     if spec.max_operands is not None and len(operands) > spec.max_operands:
         extra = "an output file" if spec.name == "uniq" else "too many"
         raise Denied(f"{spec.name} takes at most {spec.max_operands} operand(s) here ({extra})")
-    has_pattern = gave_pattern and spec.operands == "pattern"
     for k, w in enumerate(operands):
         if spec.operands == "files":
             out.append(("file", w))
@@ -326,4 +317,33 @@ def parse(spec: Spec, words: list) -> list[tuple[str, object]]:
             raise Denied(f"{spec.name} takes no operands")
         else:
             out.append(("data", w))
+
+
+def parse(spec: Spec, words: list) -> list[tuple[str, object]]:
+    """Split a program's arguments into ("file", word-or-text), ("data", ...), ("operand", word).
+
+    Raises Denied for an unknown or denied option, a missing value or too many operands."""
+    out: list[tuple[str, object]] = []
+    operands: list[object] = []
+    i, n = 0, len(words)
+    only_operands = False
+    gave_pattern = False  # grep/rg: -e/-f/--regexp/--file gave the pattern, so every operand is a file
+    while i < n:
+        w = words[i]
+        t = w.text
+        i += 1
+        if only_operands or t == "-" or not t.startswith("-"):
+            operands.append(w)
+            continue
+        if t == "--":
+            only_operands = True
+            continue
+        if t.startswith("--"):
+            i, gave = _long_option(spec, t, words, i, out)
+        elif spec.digits and t[1:].isdigit():
+            continue
+        else:
+            i, gave = _short_options(spec, t, words, i, out)
+        gave_pattern = gave_pattern or gave
+    _operands(spec, operands, gave_pattern and spec.operands == "pattern", out)
     return out

@@ -235,19 +235,10 @@ def _log_interval(log: ParsedLog) -> int:
     return gaps.most_common(1)[0][0] if gaps else 1
 
 
-def analyze(
-    log: ParsedLog,
-    *,
-    gpus: int,
-    window: tuple[int, int] = DEFAULT_WINDOW,
-    seq_length: int | None = None,
-    global_batch_size: int | None = None,
-    max_spread: float = DEFAULT_MAX_SPREAD,
-    exit_status: int | None = None,
-    seconds_since_progress: float | None = None,
-    hang_after_s: float = DEFAULT_HANG_AFTER_S,
-) -> RunMetrics:
-    """Score a parsed log. Raises MetricsInputError on input that cannot be scored."""
+def _check_options(
+    gpus: int, max_spread: float, window: tuple[int, int], seq_length: int | None, global_batch_size: int | None
+) -> range:
+    """The caller's options checked; returns the window's iterations."""
     if not isinstance(gpus, int) or gpus <= 0:
         raise MetricsInputError(f"gpus: expected a positive integer, got {gpus!r}")
     if not (isinstance(max_spread, int | float) and max_spread >= 0):
@@ -259,29 +250,27 @@ def analyze(
     for name, value in (("seq_length", seq_length), ("global_batch_size", global_batch_size)):
         if value is not None and (not isinstance(value, int) or value <= 0):
             raise MetricsInputError(f"{name}: expected a positive integer, got {value!r}")
+    return its
 
-    # Sequence length: the log's own arguments win; a caller's value must agree with them.
-    seq, seq_source = None, None
+
+def _sequence_length(log: ParsedLog, seq_length: int | None) -> tuple[int | None, str | None]:
+    """The log's own arguments win; a caller's value must agree with them. Returns (value, source)."""
     if log.seq_length is not None:
         if seq_length is not None and seq_length != log.seq_length:
             raise MetricsInputError(
                 f"seq_length: {seq_length} was given but the log's arguments say {log.seq_length}"
             )
-        seq, seq_source = log.seq_length, "log"
-    elif seq_length is not None:
-        seq, seq_source = seq_length, "option"
+        return log.seq_length, "log"
+    if seq_length is not None:
+        return seq_length, "option"
+    return None, None
 
-    if log.world_size is not None and log.world_size != gpus:
-        raise MetricsInputError(f"gpus: {gpus} was given but the log's arguments say world_size {log.world_size}")
 
-    steps = [log.steps[i] for i in sorted(log.steps)]
-    reasons: list[str] = []
-    window_recs = [log.steps[i] for i in its if i in log.steps]
-    missing = [i for i in its if i not in log.steps]
-    if missing:
-        reasons.append(f"window iterations missing from the log: {_ranges(missing)}")
-
-    # Tokens per step and step times over the window.
+def _derived_step_times(
+    steps: list[StepRecord], global_batch_size: int | None, seq: int | None, gpus: int
+) -> dict[int, float]:
+    """Step times (ms) derived from tokens/s where a log has no step time; fills a missing global
+    batch size in with the caller's."""
     derived: dict[int, float] = {}
     for rec in steps:
         if rec.global_batch_size is None and global_batch_size is not None:
@@ -290,6 +279,13 @@ def analyze(
         if rec.step_time_ms is None and rec.tokens_per_s_per_device and gbs and seq:
             # torchtitan: step time = tokens per step / (tps x GPUs)
             derived[rec.iteration] = gbs * seq / (rec.tokens_per_s_per_device * gpus) * 1000.0
+    return derived
+
+
+def _window_samples(
+    window_recs: list[StepRecord], derived: dict[int, float], seq: int | None, gpus: int, reasons: list[str]
+) -> tuple[list[float], list[float], set[str]]:
+    """(tokens per step, step seconds, the kinds of step time) over the window; appends what is wrong."""
     tokens: list[float] = []
     times_s: list[float] = []
     kinds: set[str] = set()
@@ -321,25 +317,11 @@ def analyze(
             times_s.append(1.0 / (rec.tokens_per_s_per_device * gpus))
         elif not rec.problems:  # a damaged record is reported once, with its problems
             reasons.append(f"iteration {rec.iteration} has no step time")
-    if len(kinds) > 1:
-        reasons.append(f"window mixes step-time sources {sorted(kinds)}; no throughput")
-        tokens, times_s = [], []
-    kind = next(iter(kinds)) if len(kinds) == 1 else None
-    throughput = measure.windowed_throughput(tokens, times_s, gpus) if tokens else None
+    return tokens, times_s, kinds
 
-    spread = measure.coefficient_of_variation(times_s) if times_s else None
-    step_stats = None
-    if times_s and kind != "tps_only":
-        ms = [t * 1000.0 for t in times_s]
-        step_stats = {"mean": statistics.fmean(ms), "min": min(ms), "max": max(ms)}
-    if spread is not None and spread > max_spread:
-        reasons.append(f"window step-time spread {spread:.3f} exceeds {max_spread:.3f}")
-    time_source = kind
 
-    # Per-step health inside the window.
-    dup = sorted(set(log.duplicate_iterations) & set(its))
-    if dup:
-        reasons.append(f"iterations logged more than once (a restart?): {_ranges(dup)}")
+def _step_health(window_recs: list[StepRecord], reasons: list[str]) -> None:
+    """Per-step health inside the window: damaged, skipped, NaN or loss-less iterations."""
     for rec in window_recs:
         if rec.problems:
             reasons.append(f"iteration {rec.iteration}: " + "; ".join(rec.problems))
@@ -354,6 +336,76 @@ def analyze(
         elif not math.isfinite(rec.loss):
             reasons.append(f"iteration {rec.iteration} loss is {rec.loss}")
 
+
+def _window_figures(
+    tokens: list[float], times_s: list[float], kinds: set[str], gpus: int, max_spread: float, reasons: list[str]
+) -> tuple[str | None, float | None, float | None, dict[str, float] | None]:
+    """(step-time source, windowed throughput, step-time spread, step-time stats) of the window's samples."""
+    if len(kinds) > 1:
+        reasons.append(f"window mixes step-time sources {sorted(kinds)}; no throughput")
+        tokens, times_s = [], []
+    kind = next(iter(kinds)) if len(kinds) == 1 else None
+    throughput = measure.windowed_throughput(tokens, times_s, gpus) if tokens else None
+
+    spread = measure.coefficient_of_variation(times_s) if times_s else None
+    step_stats = None
+    if times_s and kind != "tps_only":
+        ms = [t * 1000.0 for t in times_s]
+        step_stats = {"mean": statistics.fmean(ms), "min": min(ms), "max": max(ms)}
+    if spread is not None and spread > max_spread:
+        reasons.append(f"window step-time spread {spread:.3f} exceeds {max_spread:.3f}")
+    return kind, throughput, spread, step_stats
+
+
+def _end_reasons(log: ParsedLog, verdict: FailureVerdict, last: StepRecord | None, reasons: list[str]) -> None:
+    """A failed or incomplete run, first among the reasons."""
+    train_iters = log.train_iters
+    if verdict.failure_class != "ok":
+        reasons.insert(0, f"the run failed: {verdict.failure_class} ({verdict.reason})")
+    if last is not None and train_iters is not None and train_iters - last.iteration >= _log_interval(log):
+        # Never valid, whatever the exit status says (an interrupted run can exit 0 or 1). A log
+        # written every N iterations may end up to N - 1 iterations before the last one.
+        reasons.insert(1 if verdict.failure_class != "ok" else 0,
+                       f"the run is incomplete: its log stops at iteration {last.iteration} of {train_iters}")
+
+
+def analyze(
+    log: ParsedLog,
+    *,
+    gpus: int,
+    window: tuple[int, int] = DEFAULT_WINDOW,
+    seq_length: int | None = None,
+    global_batch_size: int | None = None,
+    max_spread: float = DEFAULT_MAX_SPREAD,
+    exit_status: int | None = None,
+    seconds_since_progress: float | None = None,
+    hang_after_s: float = DEFAULT_HANG_AFTER_S,
+) -> RunMetrics:
+    """Score a parsed log. Raises MetricsInputError on input that cannot be scored."""
+    its = _check_options(gpus, max_spread, window, seq_length, global_batch_size)
+    seq, seq_source = _sequence_length(log, seq_length)
+
+    if log.world_size is not None and log.world_size != gpus:
+        raise MetricsInputError(f"gpus: {gpus} was given but the log's arguments say world_size {log.world_size}")
+
+    steps = [log.steps[i] for i in sorted(log.steps)]
+    reasons: list[str] = []
+    window_recs = [log.steps[i] for i in its if i in log.steps]
+    missing = [i for i in its if i not in log.steps]
+    if missing:
+        reasons.append(f"window iterations missing from the log: {_ranges(missing)}")
+
+    # Tokens per step and step times over the window.
+    derived = _derived_step_times(steps, global_batch_size, seq, gpus)
+    tokens, times_s, kinds = _window_samples(window_recs, derived, seq, gpus, reasons)
+    time_source, throughput, spread, step_stats = _window_figures(tokens, times_s, kinds, gpus, max_spread, reasons)
+
+    # Per-step health inside the window.
+    dup = sorted(set(log.duplicate_iterations) & set(its))
+    if dup:
+        reasons.append(f"iterations logged more than once (a restart?): {_ranges(dup)}")
+    _step_health(window_recs, reasons)
+
     last = steps[-1] if steps else None
     train_iters = log.train_iters
     verdict = classify(
@@ -364,13 +416,7 @@ def analyze(
         last_iteration=last.iteration if last else None,
         train_iters=train_iters,
     )
-    if verdict.failure_class != "ok":
-        reasons.insert(0, f"the run failed: {verdict.failure_class} ({verdict.reason})")
-    if last is not None and train_iters is not None and train_iters - last.iteration >= _log_interval(log):
-        # Never valid, whatever the exit status says (an interrupted run can exit 0 or 1). A log
-        # written every N iterations may end up to N - 1 iterations before the last one.
-        reasons.insert(1 if verdict.failure_class != "ok" else 0,
-                       f"the run is incomplete: its log stops at iteration {last.iteration} of {train_iters}")
+    _end_reasons(log, verdict, last, reasons)
 
     world = log.world_size or gpus
     pp = log.pipeline_parallel_size

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -423,18 +423,15 @@ def _vp_from_args(args: Mapping[str, ArgValue], model: ModelDims, pp: int, first
     return vp
 
 
-def build_recipe(
-    model: ModelDims,
-    acc: Accelerator,
-    gpus: int,
-    args: Mapping[str, ArgValue],
-    env: Mapping[str, str] | None = None,
-    gpus_per_node: int = GPUS_PER_NODE,
-) -> SimRecipe:
-    """Resolve a Megatron command line for `model` on `gpus` GPUs of `acc`. Raises RecipeError."""
-    env = dict(env or {})
-    a = dict(args)
-    # architecture: flags that disagree with the model cannot load its weights
+def _first_refusal(rules: Iterable[tuple[bool, str]]) -> None:
+    """Raise the message of the first broken rule (rules: (broken?, message), checked in order)."""
+    for broken, message in rules:
+        if broken:
+            raise RecipeError(message)
+
+
+def _check_architecture(model: ModelDims, a: Mapping[str, ArgValue]) -> None:
+    """Architecture flags that disagree with the model cannot load its weights."""
     expect = {
         "layers": model.layers, "hidden": model.hidden, "heads": model.heads, "groups": model.groups,
         "kv_channels": model.kv_channels, "ffn": model.ffn, "experts": model.experts or None,
@@ -450,6 +447,24 @@ def build_recipe(
                 f"{flag} {got} does not match the model {model.name} ({key} = {want}): "
                 "size mismatch while loading the checkpoint"
             )
+
+
+@dataclass(frozen=True)
+class _Sizes:
+    """The batch shape and the parallel degrees a command line asks for."""
+
+    seq: int
+    gbs: int
+    mbs: int
+    iters: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    etp: int
+
+
+def _sizes(model: ModelDims, a: Mapping[str, ArgValue]) -> _Sizes:
     seq = _as_int(a, "--seq-length") or model.seq_length
     if not seq:
         raise RecipeError("--seq-length is required")
@@ -470,6 +485,11 @@ def build_recipe(
             raise RecipeError(f"{name} must be positive, got {v}")
     if etp is None:
         etp = tp if model.is_moe else 1  # Megatron-LM's default: expert TP follows TP
+    return _Sizes(seq, gbs, mbs, iters, tp, pp, cp, ep, etp)
+
+
+def _layout(model: ModelDims, gpus: int, a: Mapping[str, ArgValue], s: _Sizes) -> tuple[Layout, int]:
+    """The parallel layout and the virtual pipeline stages per rank."""
     first = _as_int(a, "--decoder-first-pipeline-num-layers")
     last = _as_int(a, "--decoder-last-pipeline-num-layers")
     accounted = _as_bool(a, "--account-for-embedding-in-pipeline-split") or _as_bool(
@@ -479,36 +499,40 @@ def build_recipe(
         _as_bool(a, "--account-for-embedding-in-pipeline-split") and _as_bool(a, "--account-for-loss-in-pipeline-split")
     ):
         raise RecipeError("the simulator models embedding and loss accounting only together")
+    tp, pp, cp = s.tp, s.pp, s.cp
     if gpus % (tp * pp * cp):
         raise RecipeError(
             f"world size ({gpus}) is not divisible by tensor ({tp}) x pipeline ({pp}) x context ({cp}) "
             "model parallel size"
         )
     vp = _vp_from_args(a, model, pp, first, last, accounted)
-    if cp > 1 and seq % (2 * cp):
-        raise RecipeError(f"--seq-length ({seq}) must be divisible by 2 x --context-parallel-size ({2 * cp})")
+    if cp > 1 and s.seq % (2 * cp):
+        raise RecipeError(f"--seq-length ({s.seq}) must be divisible by 2 x --context-parallel-size ({2 * cp})")
     try:
         layout = layout_from_degrees(
             model, gpus, tp=tp, pp=pp, cp=cp, vp=vp,
-            ep=ep if model.is_moe else None, etp=etp if model.is_moe else None,
+            ep=s.ep if model.is_moe else None, etp=s.etp if model.is_moe else None,
             first=first, last=last, account_embedding_loss=accounted,
         )
     except LayoutError as exc:
         raise RecipeError(str(exc)) from None
     dp = layout.dp
-    if gbs % (mbs * dp):
+    if s.gbs % (s.mbs * dp):
         raise RecipeError(
-            f"--global-batch-size ({gbs}) is not divisible by micro batch size ({mbs}) x data parallel size ({dp})"
+            f"--global-batch-size ({s.gbs}) is not divisible by micro batch size ({s.mbs}) x data parallel size ({dp})"
         )
-    # precision
-    fp8 = _as_str(a, "--fp8-format") is not None
-    precision = "fp8" if fp8 else "bf16"
-    fp8_params = fp8 and _as_bool(a, "--fp8-param-gather")
-    # sequence parallelism: forced off at TP 1 (Megatron warns and turns it off)
-    sp = _as_bool(a, "--sequence-parallel") and tp > 1
-    if model.is_moe and tp > 1 and not sp:
-        raise RecipeError("during training, sequence parallelism must be enabled when using MoE with tensor parallelism")
-    # recomputation
+    return layout, vp
+
+
+@dataclass(frozen=True)
+class _Recompute:
+    granularity: str
+    modules: tuple[str, ...]
+    method: str
+    num_layers: int
+
+
+def _recompute_granularity(a: Mapping[str, ArgValue]) -> tuple[str, tuple[str, ...]]:
     gran = _as_str(a, "--recompute-granularity")
     if _as_bool(a, "--recompute-activations"):
         gran = gran or "selective"
@@ -519,21 +543,33 @@ def build_recipe(
     bad = [m for m in modules if m not in RECOMPUTE_MODULES]
     if bad:
         raise RecipeError(f"--recompute-modules: unknown module(s) {bad}; known: {list(RECOMPUTE_MODULES)}")
+    return gran, modules
+
+
+def _full_recompute(model: ModelDims, layout: Layout, vp: int, pp: int, method: str | None,
+                    n_rec: int | None) -> tuple[str, int]:
+    """--recompute-method and --recompute-num-layers for full recomputation, checked against a pipeline chunk."""
+    method = method or "uniform"
+    if method not in ("uniform", "block"):
+        raise RecipeError(f"--recompute-method: expected uniform or block, got {method!r}")
+    n_rec = n_rec or 1
+    per_chunk = min(layout.split.per_stage) // vp if layout.split else model.layers
+    if method == "block" and n_rec > max(layout.split.per_stage) // vp:
+        raise RecipeError(
+            f"--recompute-num-layers ({n_rec}) exceeds the layers of a pipeline chunk "
+            f"({max(layout.split.per_stage) // vp})"
+        )
+    if n_rec <= 0 or (method == "uniform" and n_rec > max(per_chunk, 1) * vp * pp):
+        raise RecipeError(f"--recompute-num-layers ({n_rec}) is out of range")
+    return method, n_rec
+
+
+def _recompute(a: Mapping[str, ArgValue], model: ModelDims, layout: Layout, vp: int, pp: int) -> _Recompute:
+    gran, modules = _recompute_granularity(a)
     method = _as_str(a, "--recompute-method")
     n_rec = _as_int(a, "--recompute-num-layers")
     if gran == "full":
-        method = method or "uniform"
-        if method not in ("uniform", "block"):
-            raise RecipeError(f"--recompute-method: expected uniform or block, got {method!r}")
-        n_rec = n_rec or 1
-        per_chunk = min(layout.split.per_stage) // vp if layout.split else model.layers
-        if method == "block" and n_rec > max(layout.split.per_stage) // vp:
-            raise RecipeError(
-                f"--recompute-num-layers ({n_rec}) exceeds the layers of a pipeline chunk "
-                f"({max(layout.split.per_stage) // vp})"
-            )
-        if n_rec <= 0 or (method == "uniform" and n_rec > max(per_chunk, 1) * vp * pp):
-            raise RecipeError(f"--recompute-num-layers ({n_rec}) is out of range")
+        method, n_rec = _full_recompute(model, layout, vp, pp, method, n_rec)
     else:
         method = method or "uniform"
         n_rec = n_rec or 1
@@ -541,38 +577,82 @@ def build_recipe(
             raise RecipeError("--recompute-method needs --recompute-granularity full")
     if gran == "full" and modules and _as_list(a, "--recompute-modules"):
         raise RecipeError("--recompute-modules is for --recompute-granularity selective")
-    # MoE dispatcher and its companions
+    return _Recompute(gran, modules, method, n_rec)
+
+
+@dataclass(frozen=True)
+class _Moe:
+    dispatcher: str
+    flex_backend: str | None
+    deepep_sms: int
+    shared_expert_overlap: bool
+    ep_comm_overlap: bool
+
+
+def _flex_backend(a: Mapping[str, ArgValue], dispatcher: str, layout: Layout) -> str | None:
+    backend = _as_str(a, "--moe-flex-dispatcher-backend")
+    if dispatcher != "flex":
+        return None
+    backend = backend or "deepep"
+    if backend not in ("deepep", "hybridep"):
+        raise RecipeError(f"--moe-flex-dispatcher-backend: expected deepep or hybridep, got {backend!r}")
+    if layout.tp > 1 and (layout.etp or 1) != 1:
+        raise RecipeError("the flex dispatcher supports expert tensor parallelism 1 only")
+    return backend
+
+
+def _moe(a: Mapping[str, ArgValue], model: ModelDims, acc: Accelerator, layout: Layout, s: _Sizes, vp: int,
+         gran: str) -> _Moe:
+    """The MoE dispatcher and its companions."""
     dispatcher = _as_str(a, "--moe-token-dispatcher-type", "allgather" if model.is_moe else "none") or "none"
     if model.is_moe and dispatcher not in ("allgather", "alltoall", "flex"):
         raise RecipeError(f"--moe-token-dispatcher-type: expected allgather, alltoall or flex, got {dispatcher!r}")
-    backend = _as_str(a, "--moe-flex-dispatcher-backend")
-    if dispatcher == "flex":
-        backend = backend or "deepep"
-        if backend not in ("deepep", "hybridep"):
-            raise RecipeError(f"--moe-flex-dispatcher-backend: expected deepep or hybridep, got {backend!r}")
-        if layout.tp > 1 and (layout.etp or 1) != 1:
-            raise RecipeError("the flex dispatcher supports expert tensor parallelism 1 only")
-    else:
-        backend = None
+    backend = _flex_backend(a, dispatcher, layout)
     sms = _as_int(a, "--moe-deepep-num-sms", 20) or 20
     if sms <= 0 or sms >= acc.sms or sms % 2:
         raise RecipeError(f"--moe-deepep-num-sms must be an even number below {acc.sms}, got {sms}")
     seo = _as_bool(a, "--moe-shared-expert-overlap")
-    if seo and not model.shared_expert_ffn:
-        raise RecipeError("--moe-shared-expert-overlap needs a shared expert")
-    if seo and dispatcher == "flex":
-        raise RecipeError("--moe-shared-expert-overlap is not supported with the flex dispatcher")
+    _first_refusal((
+        (seo and not model.shared_expert_ffn, "--moe-shared-expert-overlap needs a shared expert"),
+        (seo and dispatcher == "flex", "--moe-shared-expert-overlap is not supported with the flex dispatcher"),
+    ))
     ep_overlap = _as_bool(a, "--overlap-moe-expert-parallel-comm")
     if ep_overlap:
-        if ep <= 1 or dispatcher not in ("alltoall", "flex"):
-            raise RecipeError("--overlap-moe-expert-parallel-comm needs EP > 1 and the alltoall or flex dispatcher")
-        if pp > 1 and vp <= 1:
-            raise RecipeError("--overlap-moe-expert-parallel-comm needs virtual pipeline stages when PP > 1")
-        if gran == "full":
-            raise RecipeError("--overlap-moe-expert-parallel-comm does not support full recomputation")
-        if seo:
-            raise RecipeError("--overlap-moe-expert-parallel-comm needs --moe-shared-expert-overlap off")
-    # overlaps and the optimizer
+        _first_refusal((
+            (s.ep <= 1 or dispatcher not in ("alltoall", "flex"),
+             "--overlap-moe-expert-parallel-comm needs EP > 1 and the alltoall or flex dispatcher"),
+            (s.pp > 1 and vp <= 1, "--overlap-moe-expert-parallel-comm needs virtual pipeline stages when PP > 1"),
+            (gran == "full", "--overlap-moe-expert-parallel-comm does not support full recomputation"),
+            (seo, "--overlap-moe-expert-parallel-comm needs --moe-shared-expert-overlap off"),
+        ))
+    return _Moe(dispatcher, backend, sms, seo, ep_overlap)
+
+
+@dataclass(frozen=True)
+class _Optimizer:
+    distributed: bool
+    overlap_grad_reduce: bool
+    overlap_param_gather: bool
+    tp_comm_overlap: bool
+    cpu_offload: bool
+    offload_fraction: float
+
+
+def _offload_fraction(a: Mapping[str, ArgValue], offload: bool, dist_opt: bool) -> float:
+    fraction = _as_float(a, "--optimizer-offload-fraction", 1.0 if offload else 0.0) or 0.0
+    if not offload:
+        return 0.0
+    if not dist_opt:
+        raise RecipeError("--optimizer-cpu-offload needs --use-distributed-optimizer")
+    if not _as_bool(a, "--use-precision-aware-optimizer"):
+        raise RecipeError("--optimizer-cpu-offload needs --use-precision-aware-optimizer")
+    if not 0.0 <= fraction <= 1.0:
+        raise RecipeError("--optimizer-offload-fraction must be within [0, 1]")
+    return fraction
+
+
+def _optimizer(a: Mapping[str, ArgValue], sp: bool) -> _Optimizer:
+    """The communication overlaps and the optimizer."""
     dist_opt = _as_bool(a, "--use-distributed-optimizer")
     ogr = _as_bool(a, "--overlap-grad-reduce")
     opg = _as_bool(a, "--overlap-param-gather")
@@ -582,18 +662,12 @@ def build_recipe(
     if tpo and not sp:
         raise RecipeError("tensor-parallel communication overlap requires sequence parallelism (and TP > 1)")
     offload = _as_bool(a, "--optimizer-cpu-offload")
-    fraction = _as_float(a, "--optimizer-offload-fraction", 1.0 if offload else 0.0) or 0.0
-    if offload:
-        if not dist_opt:
-            raise RecipeError("--optimizer-cpu-offload needs --use-distributed-optimizer")
-        if not _as_bool(a, "--use-precision-aware-optimizer"):
-            raise RecipeError("--optimizer-cpu-offload needs --use-precision-aware-optimizer")
-        if not 0.0 <= fraction <= 1.0:
-            raise RecipeError("--optimizer-offload-fraction must be within [0, 1]")
-    else:
-        fraction = 0.0
-    grad_bf16 = _as_bool(a, "--grad-reduce-in-bf16")
-    # profiling (Megatron: --profile with --use-pytorch-profiler, steps [start, end) as iterations)
+    fraction = _offload_fraction(a, offload, dist_opt)
+    return _Optimizer(dist_opt, ogr, opg, tpo, offload, fraction)
+
+
+def _profiling(a: Mapping[str, ArgValue], gpus: int) -> tuple[bool, tuple[int, int], tuple[int, ...]]:
+    """Megatron's --profile with --use-pytorch-profiler: steps [start, end) as iterations, and the ranks."""
     profile = _as_bool(a, "--profile")
     start = _as_int(a, "--profile-step-start", 10) or 10
     end = _as_int(a, "--profile-step-end", 12) or 12
@@ -603,6 +677,39 @@ def build_recipe(
     prof_ranks = tuple(int(r) for r in ranks) if ranks else (0,)
     if any(r < 0 or r >= gpus for r in prof_ranks):
         raise RecipeError(f"--profile-ranks must be ranks of the job (0..{gpus - 1})")
+    return profile, (start, end), prof_ranks
+
+
+def build_recipe(
+    model: ModelDims,
+    acc: Accelerator,
+    gpus: int,
+    args: Mapping[str, ArgValue],
+    env: Mapping[str, str] | None = None,
+    gpus_per_node: int = GPUS_PER_NODE,
+) -> SimRecipe:
+    """Resolve a Megatron command line for `model` on `gpus` GPUs of `acc`. Raises RecipeError.
+
+    The sections below run in a fixed order, and each raises at its first problem: a command line
+    with several problems is always refused with the same one."""
+    env = dict(env or {})
+    a = dict(args)
+    _check_architecture(model, a)
+    s = _sizes(model, a)
+    layout, vp = _layout(model, gpus, a, s)
+    # precision
+    fp8 = _as_str(a, "--fp8-format") is not None
+    precision = "fp8" if fp8 else "bf16"
+    fp8_params = fp8 and _as_bool(a, "--fp8-param-gather")
+    # sequence parallelism: forced off at TP 1 (Megatron warns and turns it off)
+    sp = _as_bool(a, "--sequence-parallel") and s.tp > 1
+    if model.is_moe and s.tp > 1 and not sp:
+        raise RecipeError("during training, sequence parallelism must be enabled when using MoE with tensor parallelism")
+    rc = _recompute(a, model, layout, vp, s.pp)
+    moe = _moe(a, model, acc, layout, s, vp, rc.granularity)
+    opt = _optimizer(a, sp)
+    grad_bf16 = _as_bool(a, "--grad-reduce-in-bf16")
+    profile, profile_steps, prof_ranks = _profiling(a, gpus)
     lb_type = _as_str(a, "--moe-router-load-balancing-type", "aux_loss")
     aux_coeff = _as_float(a, "--moe-aux-loss-coeff", 0.0) or 0.0
     alloc = env.get("PYTORCH_CUDA_ALLOC_CONF", "")
@@ -613,32 +720,32 @@ def build_recipe(
         gpus=gpus,
         gpus_per_node=gpus_per_node,
         layout=layout,
-        seq=seq,
-        gbs=gbs,
-        mbs=mbs,
-        train_iters=iters,
+        seq=s.seq,
+        gbs=s.gbs,
+        mbs=s.mbs,
+        train_iters=s.iters,
         precision=precision,
         fp8_params=fp8_params,
         sequence_parallel=sp,
-        recompute=gran,
-        recompute_modules=tuple(modules) if gran == "selective" else (),
-        recompute_method=method,
-        recompute_num_layers=n_rec,
-        dispatcher=dispatcher,
-        flex_backend=backend,
-        deepep_sms=sms,
+        recompute=rc.granularity,
+        recompute_modules=tuple(rc.modules) if rc.granularity == "selective" else (),
+        recompute_method=rc.method,
+        recompute_num_layers=rc.num_layers,
+        dispatcher=moe.dispatcher,
+        flex_backend=moe.flex_backend,
+        deepep_sms=moe.deepep_sms,
         grouped_gemm=_as_bool(a, "--moe-grouped-gemm"),
         permute_fusion=_as_bool(a, "--moe-permute-fusion"),
-        shared_expert_overlap=seo,
-        ep_comm_overlap=ep_overlap,
-        tp_comm_overlap=tpo,
-        overlap_grad_reduce=ogr,
-        overlap_param_gather=opg,
+        shared_expert_overlap=moe.shared_expert_overlap,
+        ep_comm_overlap=moe.ep_comm_overlap,
+        tp_comm_overlap=opt.tp_comm_overlap,
+        overlap_grad_reduce=opt.overlap_grad_reduce,
+        overlap_param_gather=opt.overlap_param_gather,
         overlap_p2p=_as_bool(a, "--overlap-p2p-communication", default=True),
-        distributed_optimizer=dist_opt,
+        distributed_optimizer=opt.distributed,
         grad_bytes=2 if grad_bf16 else 4,
-        cpu_offload=offload,
-        offload_fraction=fraction,
+        cpu_offload=opt.cpu_offload,
+        offload_fraction=opt.offload_fraction,
         offload_overlap=_as_bool(a, "--overlap-cpu-optimizer-d2h-h2d"),
         cross_entropy_fusion=_as_bool(a, "--cross-entropy-loss-fusion"),
         grad_accum_fusion=_as_bool(a, "--gradient-accumulation-fusion", default=True),
@@ -648,7 +755,7 @@ def build_recipe(
         max_connections=int(conns) if conns and conns.isdigit() else None,
         aux_loss=model.is_moe and lb_type != "none" and aux_coeff > 0,
         profile=profile,
-        profile_steps=(start, end),
+        profile_steps=profile_steps,
         profile_ranks=prof_ranks,
         args=dict(a),
         env=env,

@@ -28,7 +28,15 @@ from attune.sim.api import args_from_command, resolve_accelerator, resolve_model
 from attune.sim.constants import DEFAULT, Constants
 from attune.sim.estimate import Estimate, estimate_recipe
 from attune.sim.loss import LossModel
-from attune.sim.recipe import ArgValue, RecipeError, build_recipe, resolved_arguments, unmodelled_flags
+from attune.sim.memory import MemoryReport
+from attune.sim.recipe import (
+    ArgValue,
+    RecipeError,
+    SimRecipe,
+    build_recipe,
+    resolved_arguments,
+    unmodelled_flags,
+)
 
 MIB = 1024.0
 
@@ -138,59 +146,25 @@ def plan_run(
     est = estimate_recipe(recipe, c, settings.deepep_internode)
     startup = settings.startup_s
     rank_fail = recipe.first_rank_of_stage(est.memory.peak.stage) if est.memory else 0
-    if est.outcome == "crash" and est.failure_at == "start":
-        t = startup * 0.5
-        for line in ml.traceback_lines(rank_fail, est.reason, "megatron/core/transformer/moe/token_dispatcher.py"):
-            at(t, line)
-        return _finish(RunPlan("crash", "failed", 1, t + 2.0, lines, est.reason, est, last_progress_s=t),
-                       settings, job_key, nodes, start_epoch, limit)
-    if est.outcome == "oom" and est.failure_at == "init":
-        t = startup * 0.8
-        for line in ml.traceback_lines(rank_fail, _oom_text(est), "megatron/training/training.py"):
-            at(t, line)
-        return _finish(RunPlan("oom", "failed", 1, t + 2.0, lines, est.reason, est, last_progress_s=t),
-                       settings, job_key, nodes, start_epoch, limit)
+    failed = _failure_at_start(est, settings, rank_fail, lines)
+    if failed is not None:
+        return _finish(failed, settings, job_key, nodes, start_epoch, limit)
     at(startup, f"[after model, optimizer, and learning rate scheduler are built] datetime: "
                 f"{ml.timestamp(start_epoch + startup)}")
     at(startup, "training ...")
     # a nominal step for failures in step 0 (the step-time model only runs for runnable recipes)
     nominal = est.step.seconds if est.step else 60.0
     warm0 = nominal * (1.0 + c.warmup_step0)
-    if est.outcome == "oom":
-        t = startup + 0.6 * warm0
-        for line in ml.traceback_lines(rank_fail, _oom_text(est), "megatron/core/pipeline_parallel/schedules.py"):
-            at(t, line)
-        return _finish(RunPlan("oom", "failed", 1, t + 2.0, lines, est.reason, est, last_progress_s=startup),
-                       settings, job_key, nodes, start_epoch, limit)
-    if est.outcome == "crash":
-        t = startup + 0.3 * warm0
-        for line in ml.traceback_lines(rank_fail, est.reason, "transformer_engine/pytorch/module/rmsnorm.py"):
-            at(t, line)
-        return _finish(RunPlan("crash", "failed", 1, t + 2.0, lines, est.reason, est, last_progress_s=startup),
-                       settings, job_key, nodes, start_epoch, limit)
-    if est.outcome == "hang":
-        if est.stall:
-            t = startup + settings.hang_kill_s
-            at(t, f"[sim] no log progress for {settings.hang_kill_s:.0f} s: the cluster's watchdog cancels the job "
-                  f"as hung ({est.reason})")
-            return _finish(RunPlan("hang", "timeout", None, t, lines, est.reason, est, last_progress_s=startup),
-                           settings, job_key, nodes, start_epoch, limit)
-        t = startup + settings.nccl_timeout_s
-        ms = int(settings.nccl_timeout_s * 1000)
-        for rk in sorted({0, rank_fail}):
-            at(t, f"[rank{rk}]:[E ProcessGroupNCCL.cpp:632] [Rank {rk}] Watchdog caught collective operation "
-                  f"timeout: WorkNCCL(SeqNum=17, OpType=ALLTOALL_BASE, NumelIn=8388608, NumelOut=8388608, "
-                  f"Timeout(ms)={ms}) ran for {ms + 12} milliseconds before timing out.")
-        at(t + 1.0, "terminate called after throwing an instance of 'c10::DistBackendError'")
-        return _finish(RunPlan("hang", "failed", 134, t + 5.0, lines, est.reason, est, last_progress_s=startup),
-                       settings, job_key, nodes, start_epoch, limit)
+    failed = _failure_in_step0(est, settings, rank_fail, warm0, lines)
+    if failed is not None:
+        return _finish(failed, settings, job_key, nodes, start_epoch, limit)
     # ---- it runs
     assert est.step is not None
     rng = _rng(settings.seed, job_key, "throughput")
     factor = 1.0 + settings.throughput_noise * rng.gauss(0.0, 1.0)
     factor = max(factor, 0.5)
     loss_model = LossModel(recipe, tuple(est.defects))
-    lr = float(flags.get("--lr") or 1e-6) if not isinstance(flags.get("--lr"), bool) else 1e-6
+    lr = _learning_rate(flags)
     t = startup
     step_times: list[float] = []
     losses: dict[int, float] = {}
@@ -199,10 +173,7 @@ def plan_run(
     mem = est.memory
     for k in range(recipe.train_iters):
         it = k + 1
-        warm = 1.0 + (c.warmup_step0 if k == 0 else c.warmup_steps13 if k <= 3 else 0.0)
-        s = est.step.seconds / factor * warm * (1.0 + settings.step_jitter * rng.gauss(0.0, 1.0))
-        if recipe.profile and prof_start <= k < prof_end:
-            s *= 1.0 + settings.profile_overhead
+        s = _step_seconds(k, est.step.seconds, factor, c, settings, rng, recipe)
         t += s
         step_times.append(s)
         loss = loss_model.lm_loss(k, f"{settings.seed}/{job_key}")
@@ -216,24 +187,13 @@ def plan_run(
                                 gbs=recipe.gbs, step_ms=s * 1e3, tflops=tflops, lr=lr, lm_loss=loss,
                                 extra_losses=extra, grad_norm=0.6 + 0.3 * abs(rng.gauss(0, 1))))
         if it == 1 and mem is not None:
-            for st in mem.stages:
-                jitter = 1.0 + 0.002 * rng.gauss(0.0, 1.0)
-                at(t, ml.memory_line(st.first_rank, 1, st.allocated_gib * MIB, st.peak_gib * MIB * jitter,
-                                     st.reserved_gib * MIB * jitter, st.reserved_gib * MIB * jitter))
+            lines.extend((t, line) for line in _memory_lines(mem, rng))
         if recipe.profile and k == prof_end - 1:
             trace_at = t
     at(t + 3.0, f"[after training is done] datetime: {ml.timestamp(start_epoch + t + 3.0)}")
-    # the cluster's watchdog: a job whose log does not advance for hang_kill_s is cancelled as hung
-    progress = [startup] + [startup + sum(step_times[: i + 1]) for i in range(len(step_times))]
-    for prev, nxt in itertools.pairwise(progress):
-        if nxt - prev > settings.hang_kill_s:
-            kill = prev + settings.hang_kill_s
-            kept = [(tt, line) for tt, line in lines if tt <= prev]
-            kept.append((kill, f"[sim] no log progress for {settings.hang_kill_s:.0f} s: the cluster's watchdog "
-                               f"cancels the job as hung (a step takes {nxt - prev:.0f} s)"))
-            return _finish(RunPlan("hang", "timeout", None, kill, kept, "no log progress (a step outlasts the "
-                                   "watchdog)", est, step_times, {}, last_progress_s=prev),
-                           settings, job_key, nodes, start_epoch, limit)
+    hung = _watchdog(settings, startup, step_times, lines, est)
+    if hung is not None:
+        return _finish(hung, settings, job_key, nodes, start_epoch, limit)
     plan = RunPlan("ok", "completed", 0, t + 5.0, lines, est.reason, est, step_times, losses, last_progress_s=t)
     if recipe.profile and trace_at is not None:
         from attune.sim.kineto import trace_writer
@@ -241,6 +201,102 @@ def plan_run(
         plan.write_traces = trace_writer(recipe, est, step_times, prof_start, prof_end, start_epoch, startup, factor)
         plan.trace_at_s = trace_at
     return _finish(plan, settings, job_key, nodes, start_epoch, limit)
+
+
+def _learning_rate(flags: Mapping[str, ArgValue]) -> float:
+    return float(flags.get("--lr") or 1e-6) if not isinstance(flags.get("--lr"), bool) else 1e-6
+
+
+def _step_seconds(k: int, base_s: float, factor: float, c: Constants, settings: SimSettings, rng: random.Random,
+                  recipe: SimRecipe) -> float:
+    """Step k's time: the model's step over the run's noise factor, warm-up, jitter and profiler overhead."""
+    warm = 1.0 + (c.warmup_step0 if k == 0 else c.warmup_steps13 if k <= 3 else 0.0)
+    s = base_s / factor * warm * (1.0 + settings.step_jitter * rng.gauss(0.0, 1.0))
+    prof_start, prof_end = recipe.profile_steps
+    if recipe.profile and prof_start <= k < prof_end:
+        s *= 1.0 + settings.profile_overhead
+    return s
+
+
+def _memory_lines(mem: MemoryReport, rng: random.Random) -> list[str]:
+    """The memory report Megatron prints after the first step, one line per pipeline stage's first rank."""
+    out = []
+    for st in mem.stages:
+        jitter = 1.0 + 0.002 * rng.gauss(0.0, 1.0)
+        out.append(ml.memory_line(st.first_rank, 1, st.allocated_gib * MIB, st.peak_gib * MIB * jitter,
+                                  st.reserved_gib * MIB * jitter, st.reserved_gib * MIB * jitter))
+    return out
+
+
+def _failure_at_start(est: Estimate, settings: SimSettings, rank_fail: int,
+                      lines: list[tuple[float, str]]) -> RunPlan | None:
+    """A crash at start-up or an OOM while the model is built (None: the job gets to training)."""
+    startup = settings.startup_s
+
+    def at(t: float, text: str) -> None:
+        lines.append((t, text))
+
+    if est.outcome == "crash" and est.failure_at == "start":
+        t = startup * 0.5
+        for line in ml.traceback_lines(rank_fail, est.reason, "megatron/core/transformer/moe/token_dispatcher.py"):
+            at(t, line)
+        return RunPlan("crash", "failed", 1, t + 2.0, lines, est.reason, est, last_progress_s=t)
+    if est.outcome == "oom" and est.failure_at == "init":
+        t = startup * 0.8
+        for line in ml.traceback_lines(rank_fail, _oom_text(est), "megatron/training/training.py"):
+            at(t, line)
+        return RunPlan("oom", "failed", 1, t + 2.0, lines, est.reason, est, last_progress_s=t)
+    return None
+
+
+def _failure_in_step0(est: Estimate, settings: SimSettings, rank_fail: int, warm0: float,
+                      lines: list[tuple[float, str]]) -> RunPlan | None:
+    """An OOM, a crash or a hang in the first step (None: the job runs)."""
+    startup = settings.startup_s
+
+    def at(t: float, text: str) -> None:
+        lines.append((t, text))
+
+    if est.outcome == "oom":
+        t = startup + 0.6 * warm0
+        for line in ml.traceback_lines(rank_fail, _oom_text(est), "megatron/core/pipeline_parallel/schedules.py"):
+            at(t, line)
+        return RunPlan("oom", "failed", 1, t + 2.0, lines, est.reason, est, last_progress_s=startup)
+    if est.outcome == "crash":
+        t = startup + 0.3 * warm0
+        for line in ml.traceback_lines(rank_fail, est.reason, "transformer_engine/pytorch/module/rmsnorm.py"):
+            at(t, line)
+        return RunPlan("crash", "failed", 1, t + 2.0, lines, est.reason, est, last_progress_s=startup)
+    if est.outcome == "hang":
+        if est.stall:
+            t = startup + settings.hang_kill_s
+            at(t, f"[sim] no log progress for {settings.hang_kill_s:.0f} s: the cluster's watchdog cancels the job "
+                  f"as hung ({est.reason})")
+            return RunPlan("hang", "timeout", None, t, lines, est.reason, est, last_progress_s=startup)
+        t = startup + settings.nccl_timeout_s
+        ms = int(settings.nccl_timeout_s * 1000)
+        for rk in sorted({0, rank_fail}):
+            at(t, f"[rank{rk}]:[E ProcessGroupNCCL.cpp:632] [Rank {rk}] Watchdog caught collective operation "
+                  f"timeout: WorkNCCL(SeqNum=17, OpType=ALLTOALL_BASE, NumelIn=8388608, NumelOut=8388608, "
+                  f"Timeout(ms)={ms}) ran for {ms + 12} milliseconds before timing out.")
+        at(t + 1.0, "terminate called after throwing an instance of 'c10::DistBackendError'")
+        return RunPlan("hang", "failed", 134, t + 5.0, lines, est.reason, est, last_progress_s=startup)
+    return None
+
+
+def _watchdog(settings: SimSettings, startup: float, step_times: list[float], lines: list[tuple[float, str]],
+              est: Estimate) -> RunPlan | None:
+    """The cluster's watchdog: a job whose log does not advance for hang_kill_s is cancelled as hung."""
+    progress = [startup] + [startup + sum(step_times[: i + 1]) for i in range(len(step_times))]
+    for prev, nxt in itertools.pairwise(progress):
+        if nxt - prev > settings.hang_kill_s:
+            kill = prev + settings.hang_kill_s
+            kept = [(tt, line) for tt, line in lines if tt <= prev]
+            kept.append((kill, f"[sim] no log progress for {settings.hang_kill_s:.0f} s: the cluster's watchdog "
+                               f"cancels the job as hung (a step takes {nxt - prev:.0f} s)"))
+            return RunPlan("hang", "timeout", None, kill, kept, "no log progress (a step outlasts the watchdog)",
+                           est, step_times, {}, last_progress_s=prev)
+    return None
 
 
 def _oom_text(est: Estimate) -> str:

@@ -186,92 +186,85 @@ def _hta(result: RankResult, drop_last: bool) -> HtaFigures | None:
     return result.hta_filtered if drop_last else result.hta_unfiltered
 
 
-def analyze_paths(
-    paths: Iterable[str | Path],
-    layout: str | Layout | None = None,
-    jobs: int | None = None,
-    top_n: int = 10,
-) -> TraceReport:
-    """Analyse the traces found at ``paths`` (files or directories)."""
-    t0 = time.perf_counter()
+def _parse_layout(layout: str | Layout | None) -> Layout | None:
     try:
-        lay = Layout.parse(layout) if isinstance(layout, str) else layout
+        return Layout.parse(layout) if isinstance(layout, str) else layout
     except LayoutError as exc:
         raise TraceInputError(str(exc)) from exc
-    files = find_trace_files(paths)
-    resolved: Layout | None = None
-    if lay is not None:
-        worlds = {w for w in (_head_world(f) for f in files) if w is not None}
-        if len(worlds) > 1:
-            raise TraceInputError(f"the traces disagree on the world size: {sorted(worlds)}")
-        try:
-            resolved = lay.resolved(next(iter(worlds)) if worlds else None)
-        except LayoutError as exc:
-            raise TraceInputError(str(exc)) from exc
-    results = _read_all(files, resolved, top_n, jobs)
+
+
+def _resolve_layout(lay: Layout | None, files: list[Path]) -> Layout | None:
+    """The caller's layout, completed with the traces' world size (None: no layout given)."""
+    if lay is None:
+        return None
+    worlds = {w for w in (_head_world(f) for f in files) if w is not None}
+    if len(worlds) > 1:
+        raise TraceInputError(f"the traces disagree on the world size: {sorted(worlds)}")
+    try:
+        return lay.resolved(next(iter(worlds)) if worlds else None)
+    except LayoutError as exc:
+        raise TraceInputError(str(exc)) from exc
+
+
+def _check_worlds(results: list[RankResult], resolved: Layout | None) -> None:
     worlds = {r.world_size for r in results if r.world_size is not None}
     if len(worlds) > 1:
         raise TraceInputError(f"the traces disagree on the world size: {sorted(worlds)}")
     if resolved is not None and worlds and resolved.world != next(iter(worlds)):
         raise TraceInputError(f"layout: {resolved.world} ranks, but the traces' world size is {next(iter(worlds))}")
 
-    step_names: set[str] = set()
-    for r in results:
-        step_names |= r.step_names
-    drop_last = len(step_names) >= 2
 
-    reports: list[RankReport] = []
-    sources: set[str] = set()
-    for r in results:
-        rank = _rank_of(r)
-        stage: int | None
-        if resolved is not None:
-            if rank is None or rank >= resolved.world:
-                raise TraceInputError(f"{r.file}: rank {rank} does not fit the layout (world {resolved.world})")
-            stage = resolved.stage(rank)
-            sources.add("layout")
-        else:
-            stage = _stage_from_groups(rank, r.pg_config)
-            if stage is None:
-                stage = 0
-                sources.add("assumed_single_stage")
-            else:
-                sources.add("process_groups")
-        mean = _model(r.mean)
-        hta = _hta(r, drop_last)
-        n_steps = len([s for s in r.steps if s.step is not None])
-        per_step_div = max(len(r.steps), 1)
-        reports.append(
-            RankReport(
-                rank=rank,
-                file=r.file,
-                stage=stage,
-                kind=r.kind,  # type: ignore[arg-type]
-                device=r.device_name,
-                backend=r.backend,
-                world_size=r.world_size,
-                steps=n_steps,
-                step_us=mean.step_us,
-                compute_us=hta.compute_us if hta else None,
-                non_compute_us=hta.non_compute_us if hta else None,
-                idle_us=hta.idle_us if hta else None,
-                span_us=hta.span_us if hta else None,
-                comm_comp_overlap_pct=hta.comm_comp_overlap_pct if hta else None,
-                hta_last_step_dropped=drop_last,
-                busy_us=_busy(mean),
-                breakdown=mean,
-                waits_on=_waits(mean),
-                per_step=[_model(s) for s in r.steps],
-                top_kernels=[NameTotal(**t, per_step_us=t["total_us"] / per_step_div) for t in _kinds(r.top_kernels)],
-                top_operators=[NameTotal(**t, per_step_us=t["total_us"] / per_step_div) for t in r.top_operators],
-                events=r.events,
-                events_skipped=r.events_skipped,
-                bytes=r.bytes_read,
-                notes=r.notes,
-            )
-        )
-    reports.sort(key=lambda x: (x.rank is None, x.rank if x.rank is not None else 0, x.file))
+def _stage_of(r: RankResult, rank: int | None, resolved: Layout | None, sources: set[str]) -> int:
+    """The rank's pipeline stage: from the layout, else its process groups, else 0; notes the source."""
+    if resolved is not None:
+        if rank is None or rank >= resolved.world:
+            raise TraceInputError(f"{r.file}: rank {rank} does not fit the layout (world {resolved.world})")
+        stage = resolved.stage(rank)
+        sources.add("layout")
+        return stage
+    stage = _stage_from_groups(rank, r.pg_config)
+    if stage is None:
+        sources.add("assumed_single_stage")
+        return 0
+    sources.add("process_groups")
+    return stage
 
+
+def _rank_report(r: RankResult, rank: int | None, stage: int, drop_last: bool) -> RankReport:
+    mean = _model(r.mean)
+    hta = _hta(r, drop_last)
+    n_steps = len([s for s in r.steps if s.step is not None])
+    per_step_div = max(len(r.steps), 1)
+    return RankReport(
+        rank=rank,
+        file=r.file,
+        stage=stage,
+        kind=r.kind,  # type: ignore[arg-type]
+        device=r.device_name,
+        backend=r.backend,
+        world_size=r.world_size,
+        steps=n_steps,
+        step_us=mean.step_us,
+        compute_us=hta.compute_us if hta else None,
+        non_compute_us=hta.non_compute_us if hta else None,
+        idle_us=hta.idle_us if hta else None,
+        span_us=hta.span_us if hta else None,
+        comm_comp_overlap_pct=hta.comm_comp_overlap_pct if hta else None,
+        hta_last_step_dropped=drop_last,
+        busy_us=_busy(mean),
+        breakdown=mean,
+        waits_on=_waits(mean),
+        per_step=[_model(s) for s in r.steps],
+        top_kernels=[NameTotal(**t, per_step_us=t["total_us"] / per_step_div) for t in _kinds(r.top_kernels)],
+        top_operators=[NameTotal(**t, per_step_us=t["total_us"] / per_step_div) for t in r.top_operators],
+        events=r.events,
+        events_skipped=r.events_skipped,
+        bytes=r.bytes_read,
+        notes=r.notes,
+    )
+
+
+def _stage_reports(reports: list[RankReport]) -> list[StageReport]:
     stages: list[StageReport] = []
     for s in sorted({r.stage for r in reports if r.stage is not None}):
         members = [r for r in reports if r.stage == s]
@@ -286,19 +279,53 @@ def analyze_paths(
                 waits_on=_waits(b),
             )
         )
-    slowest: Slowest | None = None
-    if stages:
-        top = max(stages, key=lambda st: (st.busy_us, -st.stage))
-        members = [r for r in reports if r.stage == top.stage]
-        worst = max(members, key=lambda r: r.busy_us)
-        slowest = Slowest(
-            stage=top.stage,
-            busy_us=top.busy_us,
-            step_us=top.step_us,
-            slowest_rank=worst.rank,
-            bottleneck=top.waits_on[0].what if top.waits_on else None,
-            waits_on=top.waits_on,
-        )
+    return stages
+
+
+def _slowest(stages: list[StageReport], reports: list[RankReport]) -> Slowest | None:
+    if not stages:
+        return None
+    top = max(stages, key=lambda st: (st.busy_us, -st.stage))
+    members = [r for r in reports if r.stage == top.stage]
+    worst = max(members, key=lambda r: r.busy_us)
+    return Slowest(
+        stage=top.stage,
+        busy_us=top.busy_us,
+        step_us=top.step_us,
+        slowest_rank=worst.rank,
+        bottleneck=top.waits_on[0].what if top.waits_on else None,
+        waits_on=top.waits_on,
+    )
+
+
+def analyze_paths(
+    paths: Iterable[str | Path],
+    layout: str | Layout | None = None,
+    jobs: int | None = None,
+    top_n: int = 10,
+) -> TraceReport:
+    """Analyse the traces found at ``paths`` (files or directories)."""
+    t0 = time.perf_counter()
+    lay = _parse_layout(layout)
+    files = find_trace_files(paths)
+    resolved = _resolve_layout(lay, files)
+    results = _read_all(files, resolved, top_n, jobs)
+    _check_worlds(results, resolved)
+
+    step_names: set[str] = set()
+    for r in results:
+        step_names |= r.step_names
+    drop_last = len(step_names) >= 2
+
+    reports: list[RankReport] = []
+    sources: set[str] = set()
+    for r in results:
+        rank = _rank_of(r)
+        reports.append(_rank_report(r, rank, _stage_of(r, rank, resolved, sources), drop_last))
+    reports.sort(key=lambda x: (x.rank is None, x.rank if x.rank is not None else 0, x.file))
+
+    stages = _stage_reports(reports)
+    slowest = _slowest(stages, reports)
     source = "layout" if "layout" in sources else ("process_groups" if "process_groups" in sources else "assumed_single_stage")
     return TraceReport(
         summary=_summary(stages, slowest, len(reports)),

@@ -15,9 +15,10 @@ import re
 import shutil
 import statistics
 import tempfile
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attune import __version__
 from attune.campaign_paths import (
@@ -47,6 +48,12 @@ from attune.ttb.entry import (
     usd_per_million,
 )
 from attune.ttb.head import ledger_head
+from attune.ttb.paths import Relocator
+
+if TYPE_CHECKING:
+    from attune.measure import Calibration
+    from attune.spec import CampaignSpec
+    from attune.state import CampaignState, RunState
 
 
 class SubmitRefused(Exception):
@@ -75,16 +82,31 @@ def diff_args(public: dict[str, Any], entry: dict[str, Any], skip: set[str] | fr
     return out
 
 
-def submit(campaign_dir: str | Path, out_root: str | Path, prices: PriceTable, *,
-           public_recipe: str | Path | None = None, now: datetime | None = None) -> tuple[Path, Entry]:
-    """Build the entry directory under `out_root`; returns its path and model."""
-    from attune import ledger, shipping
-    from attune.metrics import read_losses, read_resolved_args
+@dataclass
+class _Admitted:
+    """A campaign that may become an entry, and what its entry is built from."""
+
+    d: Path
+    spec: CampaignSpec
+    state: CampaignState
+    protocol: proto.Protocol
+    is_baseline: bool
+    verdict: dict[str, Any] | None  # the shipped recipe's passed check (None: the baseline ships)
+    ev_path: Path
+    cal: Calibration
+    valid: list[dict[str, Any]]  # the shipped recipe's valid re-measurements
+    base_vals: list[float]  # the baseline's
+    runs_needed: set[str]  # the runs whose logs the entry keeps
+    ref: RunState | None  # the check's reference run
+    cand_check: Any  # the candidate's check run id
+
+
+def _load_campaign(d: Path) -> tuple[CampaignSpec, proto.Protocol, CampaignState]:
+    """The campaign's spec, its TTB protocol and its state; refused unless the ledger verifies."""
+    from attune import ledger
     from attune.spec import SpecError, load_spec
     from attune.state import load
-    from gate.inputs import curve_to_json
 
-    d = Path(campaign_dir)
     if not (d / CAMPAIGN_FILE).is_file():
         raise SubmitRefused(f"{d}: no campaign.yaml (not a campaign directory)")
     try:
@@ -99,6 +121,13 @@ def submit(campaign_dir: str | Path, out_root: str | Path, prices: PriceTable, *
         first = why.get(proto.TTB_V1.id) or ["unknown"]
         raise SubmitRefused("the campaign did not use the TTB workload: " + "; ".join(first))
     state, _ = load(d)
+    return spec, protocol, state
+
+
+def _shipped_verdict(state: CampaignState) -> tuple[str, bool, dict[str, Any] | None]:
+    """(shipped run id, the baseline ships?, its passed check verdict); refused unless it passed."""
+    from attune import shipping
+
     if state.shipped is None:
         raise SubmitRefused("the campaign has not shipped a recipe (it failed or has not finished)")
     shipped_id = str(state.shipped.get("run_id"))
@@ -107,6 +136,35 @@ def submit(campaign_dir: str | Path, out_root: str | Path, prices: PriceTable, *
     if not is_baseline and not (verdict and verdict.get("passed")):
         raise SubmitRefused(f"the shipped recipe {shipped_id} did not pass the correctness gate"
                             + (f": {verdict.get('reason')}" if verdict else ": no check verdict"))
+    return shipped_id, is_baseline, verdict
+
+
+def _evidence_runs(d: Path, state: CampaignState, valid: list[dict[str, Any]],
+                   verdict: dict[str, Any] | None) -> tuple[set[str], RunState | None, Any]:
+    """(the runs whose logs the entry keeps, the check's reference run, the candidate's check run id);
+    refused when a log is missing."""
+    from attune import shipping
+
+    runs_needed = {str(r["run_id"]) for r in valid} | set(state.calibration_run_ids)
+    runs_needed |= {str(r["run_id"]) for r in state.remeasurements if r.get("recipe_of") == "baseline"}
+    ref = shipping.reference_run(state)
+    cand_check = verdict.get("run_id") if verdict else None
+    for rid in (ref.run_id if ref else None, cand_check):
+        if rid:
+            runs_needed.add(str(rid))
+    missing = [r for r in sorted(runs_needed) if not run_log(d, r).is_file()]
+    if missing:
+        raise SubmitRefused(f"evidence missing: no log for run(s) {', '.join(missing)}")
+    return runs_needed, ref, cand_check
+
+
+def _admit(campaign_dir: str | Path) -> _Admitted:
+    """Refuse (SubmitRefused) a campaign that cannot become an entry."""
+    from attune import shipping
+
+    d = Path(campaign_dir)
+    spec, protocol, state = _load_campaign(d)
+    shipped_id, is_baseline, verdict = _shipped_verdict(state)
     if not shipping.done(state):
         raise SubmitRefused("the final re-measurement is not complete (rerun attune tune to finish it)")
     ev_path = d / SHIPPED_DIR / SHIPPED_EVIDENCE
@@ -120,53 +178,141 @@ def submit(campaign_dir: str | Path, out_root: str | Path, prices: PriceTable, *
         raise SubmitRefused(f"the shipped recipe {shipped_id} has no valid re-measurement")
     base_vals = [float(r["tokens_per_s_per_gpu"]) for r in state.remeasurements
                  if r.get("recipe_of") == "baseline" and r.get("valid")]
-    runs_needed = {str(r["run_id"]) for r in valid} | set(state.calibration_run_ids)
-    runs_needed |= {str(r["run_id"]) for r in state.remeasurements if r.get("recipe_of") == "baseline"}
-    ref = shipping.reference_run(state)
-    cand_check = verdict.get("run_id") if verdict else None
-    for rid in (ref.run_id if ref else None, cand_check):
-        if rid:
-            runs_needed.add(str(rid))
-    missing = [r for r in sorted(runs_needed) if not run_log(d, r).is_file()]
-    if missing:
-        raise SubmitRefused(f"evidence missing: no log for run(s) {', '.join(missing)}")
+    runs_needed, ref, cand_check = _evidence_runs(d, state, valid, verdict)
+    return _Admitted(d, spec, state, protocol, is_baseline, verdict, ev_path, cal, valid, base_vals,
+                     runs_needed, ref, cand_check)
 
-    source_head = ledger_head(d)
-    from attune.launch import SOURCE_ROOT
-    from attune.ttb.paths import Relocator
 
-    reloc = Relocator(d, (d / spec.control.workdir).resolve() if spec.control.workdir else SOURCE_ROOT, SOURCE_ROOT)
-    tps = statistics.fmean(float(r["tokens_per_s_per_gpu"]) for r in valid)
-    base_tps = statistics.fmean(base_vals) if base_vals else None
-    price = prices.per_gpu_hour.get(spec.cluster.accelerator)
+class _EntryFiles:
+    """The files written into an entry's directory, with their SHA-256."""
+
+    def __init__(self, tmp: Path, reloc: Relocator) -> None:
+        self.tmp, self.reloc = tmp, reloc
+        self.files: dict[str, str] = {}
+
+    def put(self, src: Path | None, rel: str, text: str | None = None) -> None:
+        """Copy `src` (its machine paths rewritten: attune.ttb.paths), or write `text`."""
+        tmp, reloc, files = self.tmp, self.reloc, self.files
+        dst = tmp / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if text is None:
+            assert src is not None
+            if rel.endswith(".json"):
+                text = reloc.json_file(src)
+            elif rel.endswith(".txt"):
+                text = reloc.text(src.read_text(encoding="utf-8", errors="surrogateescape"))
+        if text is not None:
+            dst.write_text(text, encoding="utf-8", errors="surrogateescape")
+        else:
+            assert src is not None
+            shutil.copyfile(src, dst)  # the spec, the lists, the public recipe: pinned by hash, kept as written
+        files[rel] = sha256_file(dst)
+
+
+def _put_runs(writer: _EntryFiles, d: Path, runs_needed: set[str], ref_id: str | None, cand_check: Any,
+              framework: str) -> None:
+    """The runs' logs (and job files), and the check runs' loss curves and resolved arguments read from them
+    by the campaign framework's reader."""
+    from attune.metrics import read_losses, read_resolved_args
+    from gate.inputs import curve_to_json
+
+    put, tmp = writer.put, writer.tmp
+    for rid in sorted(runs_needed):
+        put(run_log(d, rid), f"evidence/{RUNS_DIR}/{rid}/{RUN_LOG}")
+        if run_job(d, rid).is_file():
+            put(run_job(d, rid), f"evidence/{RUNS_DIR}/{rid}/{RUN_JOB}")
+    for role, rid in (("baseline", ref_id), ("candidate", cand_check)):
+        if not rid:
+            continue
+        log = run_log(tmp / "evidence", str(rid))  # as the entry holds it
+        put(None, f"evidence/curves/{role}.json",
+            json.dumps({"run_id": rid, "loss": curve_to_json(read_losses(log, framework))}, indent=1) + "\n")
+        try:
+            resolved = read_resolved_args(log, framework)
+        except ValueError:
+            resolved = {}
+        put(None, f"evidence/resolved/{role}.json", json.dumps({"run_id": rid, "args": resolved},
+                                                                indent=1, sort_keys=True) + "\n")
+
+
+def _public_recipe(writer: _EntryFiles, d: Path, spec: CampaignSpec,
+                   public_recipe: str | Path | None) -> tuple[dict[str, Any], str]:
+    """(the public recipe's arguments, where they are from): the given recipe, else the campaign's
+    public-recipe.yaml, else its baseline. A public recipe file is kept in the entry."""
+    from attune.spec import SpecError, load_spec
+
+    public_args: dict[str, Any] = dict(spec.baseline.args)
+    public_src = f"the campaign's baseline ({spec.name})"
+    if public_recipe is None and (d / proto.PUBLIC_RECIPE).is_file():
+        public_recipe = d / proto.PUBLIC_RECIPE
+    if public_recipe is not None:
+        try:
+            pub = load_spec(public_recipe)
+        except SpecError as exc:
+            raise SubmitRefused(f"the public recipe {public_recipe} does not validate: {exc.problems[0]}") from None
+        public_args, public_src = dict(pub.baseline.args), f"{pub.name} ({Path(public_recipe).name})"
+        writer.put(Path(public_recipe), "evidence/public-recipe.yaml")
+    return public_args, public_src
+
+
+def _throughput(adm: _Admitted) -> Throughput:
+    """The shipped recipe's re-measured throughput, against the baseline's and the calibration."""
     from attune.hardware import peak_flops
 
+    spec, valid, cal = adm.spec, adm.valid, adm.cal
+    tps = statistics.fmean(float(r["tokens_per_s_per_gpu"]) for r in valid)
+    base_tps = statistics.fmean(adm.base_vals) if adm.base_vals else None
     peak = peak_flops(spec.cluster.accelerator, spec.workload.precision)
     mfu = (spec.workload.flops_per_token * tps / peak) if (peak and spec.workload.flops_per_token) else None
+    return Throughput(
+        tokens_per_s_per_gpu=tps, runs=[str(r["run_id"]) for r in valid],
+        values=[float(r["tokens_per_s_per_gpu"]) for r in valid], baseline_tokens_per_s_per_gpu=base_tps,
+        gain=(tps / base_tps - 1.0) if base_tps else None, calibration_mean=cal.mean,
+        calibration_rel_sigma=cal.rel_sigma, band=cal.band, calibration_runs=list(adm.state.calibration_run_ids),
+        mfu=mfu)
+
+
+def _entry_recipe(shipped_row: dict[str, Any], spec: CampaignSpec, public_args: dict[str, Any],
+                  public_src: str) -> Recipe:
+    """The ledger's shipped recipe (machine paths rewritten), and its diff from the public recipe."""
+    recipe = shipped_row.get("recipe") or {}
+    args = dict(recipe.get("args") or {})
+    return Recipe(command=list(recipe.get("command") or spec.baseline.command), args=args,
+                  env=dict(recipe.get("env") or {}),
+                  changes_from_campaign_baseline=dict(shipped_row.get("changes") or {}),
+                  diff_from_public_recipe=diff_args(public_args, args, set(spec.control.stack_fixes.args)),
+                  public_recipe=public_src, script="recipe/run.sh")
+
+
+def _label(sim: bool, protocol: proto.Protocol) -> str | None:
+    label = SIM_LABEL if sim else None
+    if not protocol.comparable:
+        label = (label + "; " if label else "") + f"{protocol.id}: CPU-example scale, not comparable with ttb-v1"
+    return label
+
+
+def submit(campaign_dir: str | Path, out_root: str | Path, prices: PriceTable, *,
+           public_recipe: str | Path | None = None, now: datetime | None = None) -> tuple[Path, Entry]:
+    """Build the entry directory under `out_root`; returns its path and model."""
+
+    adm = _admit(campaign_dir)
+    d, spec, state, protocol, is_baseline = adm.d, adm.spec, adm.state, adm.protocol, adm.is_baseline
+    verdict, ev_path, runs_needed, ref, cand_check = adm.verdict, adm.ev_path, adm.runs_needed, adm.ref, adm.cand_check
+    source_head = ledger_head(d)
+    from attune.launch import SOURCE_ROOT
+
+    reloc = Relocator(d, (d / spec.control.workdir).resolve() if spec.control.workdir else SOURCE_ROOT, SOURCE_ROOT)
+    throughput = _throughput(adm)
+    tps = throughput.tokens_per_s_per_gpu
+    price = prices.per_gpu_hour.get(spec.cluster.accelerator)
     sim = spec.cluster.backend == "sim"
     out_root = Path(out_root)
     out_root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{_slug(spec.model)}.", dir=out_root))
     os.chmod(tmp, 0o755)
     try:
-        files: dict[str, str] = {}
-
-        def put(src: Path | None, rel: str, text: str | None = None) -> None:
-            """Copy `src` (its machine paths rewritten: attune.ttb.paths), or write `text`."""
-            dst = tmp / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            if text is None:
-                assert src is not None
-                if rel.endswith(".json"):
-                    text = reloc.json_file(src)
-                elif rel.endswith(".txt"):
-                    text = reloc.text(src.read_text(encoding="utf-8", errors="surrogateescape"))
-            if text is not None:
-                dst.write_text(text, encoding="utf-8", errors="surrogateescape")
-            else:
-                assert src is not None
-                shutil.copyfile(src, dst)  # the spec, the lists, the public recipe: pinned by hash, kept as written
-            files[rel] = sha256_file(dst)
+        writer = _EntryFiles(tmp, reloc)
+        put, files = writer.put, writer.files
 
         put(None, "recipe/run.sh", reloc.run_sh(d / SHIPPED_DIR / "run.sh"))
         os.chmod(tmp / "recipe/run.sh", 0o755)
@@ -192,64 +338,20 @@ def submit(campaign_dir: str | Path, out_root: str | Path, prices: PriceTable, *
             put(Path(loaded_list.path), "evidence/gate-list.yaml")
         except (OSError, ValueError) as exc:
             raise SubmitRefused(f"the campaign's correctness list cannot be used: {exc}") from None
-        for rid in sorted(runs_needed):
-            put(run_log(d, rid), f"evidence/{RUNS_DIR}/{rid}/{RUN_LOG}")
-            if run_job(d, rid).is_file():
-                put(run_job(d, rid), f"evidence/{RUNS_DIR}/{rid}/{RUN_JOB}")
-        curves: dict[str, Any] = {}
-        for role, rid in (("baseline", ref.run_id if ref else None), ("candidate", cand_check)):
-            if not rid:
-                continue
-            log = run_log(tmp / "evidence", str(rid))  # as the entry holds it
-            curves[role] = str(rid)
-            put(None, f"evidence/curves/{role}.json",
-                json.dumps({"run_id": rid, "loss": curve_to_json(read_losses(log, spec.framework))}, indent=1) + "\n")
-            try:
-                resolved = read_resolved_args(log, spec.framework)
-            except ValueError:
-                resolved = {}
-            put(None, f"evidence/resolved/{role}.json", json.dumps({"run_id": rid, "args": resolved},
-                                                                    indent=1, sort_keys=True) + "\n")
+        _put_runs(writer, d, runs_needed, ref.run_id if ref else None, cand_check, spec.framework)
 
-        shipped_row = reloc.obj(state.shipped)
-        recipe = shipped_row.get("recipe") or {}
-        args = dict(recipe.get("args") or {})
-        public_args: dict[str, Any] = dict(spec.baseline.args)
-        public_src = f"the campaign's baseline ({spec.name})"
-        if public_recipe is None and (d / proto.PUBLIC_RECIPE).is_file():
-            public_recipe = d / proto.PUBLIC_RECIPE
-        if public_recipe is not None:
-            from attune.spec import load_spec as _ls
-
-            try:
-                pub = _ls(public_recipe)
-            except SpecError as exc:
-                raise SubmitRefused(f"the public recipe {public_recipe} does not validate: {exc.problems[0]}") from None
-            public_args, public_src = dict(pub.baseline.args), f"{pub.name} ({Path(public_recipe).name})"
-            put(Path(public_recipe), "evidence/public-recipe.yaml")
-        label = SIM_LABEL if sim else None
-        if not protocol.comparable:
-            label = (label + "; " if label else "") + f"{protocol.id}: CPU-example scale, not comparable with ttb-v1"
+        public_args, public_src = _public_recipe(writer, d, spec, public_recipe)
         entry = Entry(
             id=entry_id,
             submitted=(now or datetime.now(UTC)).isoformat(timespec="seconds"),
-            protocol=protocol.id, simulated=sim, label=label, model=spec.model, campaign=spec.name,
+            protocol=protocol.id, simulated=sim, label=_label(sim, protocol), model=spec.model, campaign=spec.name,
             hardware=Hardware(accelerator=spec.cluster.accelerator, gpus=spec.cluster.gpus,
                               gpus_per_node=spec.cluster.gpus_per_node, nodes=spec.cluster.nodes,
                               backend=spec.cluster.backend),
             software=Software(framework=spec.framework, framework_version=None, image=spec.baseline.image,
                               attune_version=__version__),
-            recipe=Recipe(command=list(recipe.get("command") or spec.baseline.command), args=args,
-                          env=dict(recipe.get("env") or {}),
-                          changes_from_campaign_baseline=dict(shipped_row.get("changes") or {}),
-                          diff_from_public_recipe=diff_args(public_args, args, set(spec.control.stack_fixes.args)), public_recipe=public_src,
-                          script="recipe/run.sh"),
-            throughput=Throughput(
-                tokens_per_s_per_gpu=tps, runs=[str(r["run_id"]) for r in valid],
-                values=[float(r["tokens_per_s_per_gpu"]) for r in valid], baseline_tokens_per_s_per_gpu=base_tps,
-                gain=(tps / base_tps - 1.0) if base_tps else None, calibration_mean=cal.mean,
-                calibration_rel_sigma=cal.rel_sigma, band=cal.band, calibration_runs=list(state.calibration_run_ids),
-                mfu=mfu),
+            recipe=_entry_recipe(reloc.obj(state.shipped), spec, public_args, public_src),
+            throughput=throughput,
             cost=Cost(price_per_gpu_hour=price, usd_per_million_tokens=usd_per_million(tps, price),
                       price_table=f"{prices.name}: {spec.cluster.accelerator}" if price is not None
                       else f"{prices.name}: no price for {spec.cluster.accelerator}"),

@@ -22,6 +22,7 @@ import hashlib
 import json
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,10 +80,22 @@ class _Fail(Exception):
 
 def verify_entry(directory: str | Path, *, entry: Entry | None = None) -> EntryReport:
     d = Path(directory)
-    e = entry or load_entry(d)
-    items: list[Item] = []
+    return _EntryChecks(d, entry or load_entry(d)).report()
 
-    def run(name: str, fn: Any) -> Any:
+
+class _EntryChecks:
+    """The items of one entry's verification, in order; each reads the evidence afresh."""
+
+    def __init__(self, d: Path, e: Entry) -> None:
+        self.d, self.e, self.ev = d, e, d / "evidence"
+        self.items: list[Item] = []
+        self.state: Any = None
+        self.spec: Any = None
+        self.shipped: dict[str, Any] = {}
+        self.shipped_id = ""
+
+    def run(self, name: str, fn: Any) -> Any:
+        items = self.items
         try:
             detail, value = fn()
         except _Fail as exc:
@@ -94,9 +107,27 @@ def verify_entry(directory: str | Path, *, entry: Entry | None = None) -> EntryR
         items.append(Item(name, True, detail))
         return value
 
-    ev = d / "evidence"
+    def report(self) -> EntryReport:
+        d, items, run = self.d, self.items, self.run
+        run("files", self.files)
+        self.state = run("ledger", self.ledger)
+        self.spec = run("protocol", self.spec_check)
+        if self.state is None or self.spec is None:
+            for name in ("recipe", "throughput", "layer1", "layer2", "cost"):
+                items.append(Item(name, False, "not checked: the ledger or the campaign spec does not verify"))
+            return EntryReport(str(d), False, items)
 
-    def files() -> tuple[str, None]:
+        self.shipped = self.state.shipped or {}
+        self.shipped_id = str(self.shipped.get("run_id"))
+        run("recipe", self.recipe)
+        run("throughput", self.throughput)
+        run("layer1", self.layer1)
+        run("layer2", self.layer2)
+        run("cost", self.cost)
+        return EntryReport(str(d), all(i.ok for i in items), items)
+
+    def files(self) -> tuple[str, None]:
+        d, e = self.d, self.e
         bad = []
         for rel, digest in sorted(e.files.items()):
             p = (d / rel).resolve()
@@ -113,7 +144,8 @@ def verify_entry(directory: str | Path, *, entry: Entry | None = None) -> EntryR
             raise _Fail("; ".join(bad[:5]) + (f" (+{len(bad) - 5} more)" if len(bad) > 5 else ""))
         return f"{len(e.files)} files match their SHA-256", None
 
-    def ledger() -> tuple[str, Any]:
+    def ledger(self) -> tuple[str, Any]:
+        e, ev = self.e, self.ev
         problem = check_head(ev, e.ledger.model_dump())
         if problem:
             raise _Fail(problem)
@@ -122,7 +154,8 @@ def verify_entry(directory: str | Path, *, entry: Entry | None = None) -> EntryR
         state, _ = load(ev, chain_only=True)
         return f"chain of {e.ledger.rows} rows ends at {e.ledger.last_hash[:16]}...", state
 
-    def spec_check() -> tuple[str, Any]:
+    def spec_check(self) -> tuple[str, Any]:
+        e, ev, state = self.e, self.ev, self.state
         from attune.spec import load_spec
         from attune.ttb import protocol as proto
 
@@ -144,18 +177,8 @@ def verify_entry(directory: str | Path, *, entry: Entry | None = None) -> EntryR
             raise _Fail("; ".join(probs))
         return f"{e.protocol} workload, {spec.model} on {h.gpus} x {h.accelerator}", spec
 
-    run("files", files)
-    state = run("ledger", ledger)
-    spec = run("protocol", spec_check)
-    if state is None or spec is None:
-        for name in ("recipe", "throughput", "layer1", "layer2", "cost"):
-            items.append(Item(name, False, "not checked: the ledger or the campaign spec does not verify"))
-        return EntryReport(str(d), False, items)
-
-    shipped = state.shipped or {}
-    shipped_id = str(shipped.get("run_id"))
-
-    def recipe() -> tuple[str, None]:
+    def recipe(self) -> tuple[str, None]:
+        e, ev, state, spec, shipped, shipped_id = self.e, self.ev, self.state, self.spec, self.shipped, self.shipped_id
         rec = shipped.get("recipe") or {}
         probs = []
         if not e.gate.shipped_baseline and shipped_id != e.gate.candidate_check_run and state.runs.get(
@@ -180,9 +203,9 @@ def verify_entry(directory: str | Path, *, entry: Entry | None = None) -> EntryR
             raise _Fail("; ".join(probs))
         return f"{len(e.recipe.args)} arguments match the ledger's shipped recipe ({shipped_id})", None
 
-    def throughput() -> tuple[str, None]:
+    def throughput(self) -> tuple[str, None]:
+        e, ev, state, spec, shipped_id = self.e, self.ev, self.state, self.spec, self.shipped_id
         from attune.launch import score_run
-        from attune.measure import calibrate
 
         t = e.throughput
         measured = {r["run_id"]: r for r in state.remeasurements}
@@ -203,6 +226,27 @@ def verify_entry(directory: str | Path, *, entry: Entry | None = None) -> EntryR
         if not _close(statistics.fmean(t.values), t.tokens_per_s_per_gpu):
             probs.append(f"tokens/s/GPU {t.tokens_per_s_per_gpu} is not the mean of its runs "
                          f"({statistics.fmean(t.values)})")
+        probs += self._calibration_problems(rescore)
+        base = [float(r["tokens_per_s_per_gpu"]) for r in state.remeasurements
+                if r.get("recipe_of") == "baseline" and r.get("valid")]
+        probs += self._baseline_problems(rescore)
+        base_mean = statistics.fmean(base) if base else None
+        if not _close(base_mean, t.baseline_tokens_per_s_per_gpu):
+            probs.append(f"baseline re-measurement {t.baseline_tokens_per_s_per_gpu} is not the ledger's {base_mean}")
+        elif base_mean and not _close(t.gain, t.tokens_per_s_per_gpu / base_mean - 1.0):
+            probs.append(f"gain {t.gain} does not follow from the throughputs")
+        if probs:
+            raise _Fail("; ".join(probs))
+        return (f"{len(t.runs)} re-measurement(s) and {len(t.calibration_runs)} calibration run(s) rescored from their "
+                f"logs: {t.tokens_per_s_per_gpu:,.1f} tokens/s/GPU, band {t.band:.1%}"), None
+
+    def _calibration_problems(self, rescore: Callable[[str], float | None]) -> list[str]:
+        """The calibration logs, scored again, give the ledger's values and the entry's band."""
+        from attune.measure import calibrate
+
+        e, state, spec = self.e, self.state, self.spec
+        t = e.throughput
+        probs = []
         cal_vals = []
         for rid in t.calibration_runs:
             got = rescore(rid)
@@ -217,24 +261,20 @@ def verify_entry(directory: str | Path, *, entry: Entry | None = None) -> EntryR
                     and _close(cal.rel_sigma, t.calibration_rel_sigma)):
                 probs.append(f"calibration: the logs give mean {cal.mean:.6g}, band {cal.band:.4g}; the entry says "
                              f"{t.calibration_mean:.6g}, {t.band:.4g}")
-        base = [float(r["tokens_per_s_per_gpu"]) for r in state.remeasurements
-                if r.get("recipe_of") == "baseline" and r.get("valid")]
-        for r in state.remeasurements:
+        return probs
+
+    def _baseline_problems(self, rescore: Callable[[str], float | None]) -> list[str]:
+        """The baseline's valid re-measurement logs, scored again, give the ledger's values."""
+        probs = []
+        for r in self.state.remeasurements:
             if r.get("recipe_of") == "baseline" and r.get("valid"):
                 got = rescore(str(r["run_id"]))
                 if not _close(got, float(r["tokens_per_s_per_gpu"])):
                     probs.append(f"baseline run {r['run_id']}: its log gives {got}, the ledger {r['tokens_per_s_per_gpu']}")
-        base_mean = statistics.fmean(base) if base else None
-        if not _close(base_mean, t.baseline_tokens_per_s_per_gpu):
-            probs.append(f"baseline re-measurement {t.baseline_tokens_per_s_per_gpu} is not the ledger's {base_mean}")
-        elif base_mean and not _close(t.gain, t.tokens_per_s_per_gpu / base_mean - 1.0):
-            probs.append(f"gain {t.gain} does not follow from the throughputs")
-        if probs:
-            raise _Fail("; ".join(probs))
-        return (f"{len(t.runs)} re-measurement(s) and {len(t.calibration_runs)} calibration run(s) rescored from their "
-                f"logs: {t.tokens_per_s_per_gpu:,.1f} tokens/s/GPU, band {t.band:.1%}"), None
+        return probs
 
-    def _curves_and_resolved() -> dict[str, tuple[dict[int, float | None], dict[str, str], dict[str, str]]]:
+    def _curves_and_resolved(self) -> dict[str, tuple[dict[int, float | None], dict[str, str], dict[str, str]]]:
+        e, ev, spec = self.e, self.ev, self.spec
         from attune.metrics import read_losses, read_resolved_args
 
         out = {}
@@ -255,7 +295,8 @@ def verify_entry(directory: str | Path, *, entry: Entry | None = None) -> EntryR
             out[role] = (curve, resolved, env)
         return out
 
-    def layer1() -> tuple[str, None]:
+    def layer1(self) -> tuple[str, None]:
+        e, ev, state, spec = self.e, self.ev, self.state, self.spec
         from gate.config_check import apply_changes, check_recipe, check_resolved
         from gate.lists import load_list
 
@@ -277,7 +318,7 @@ def verify_entry(directory: str | Path, *, entry: Entry | None = None) -> EntryR
             raise _Fail(f"on the recipe's changes: {r0.summary()}")
         if e.gate.shipped_baseline:
             return "the baseline ships: no change to check", None
-        cr = _curves_and_resolved()
+        cr = self._curves_and_resolved()
         (_, b_res, b_env), (_, c_res, c_env) = cr["baseline"], cr["candidate"]
         if not b_res or not c_res:
             raise _Fail("a check run's log has no resolved arguments")
@@ -286,12 +327,13 @@ def verify_entry(directory: str | Path, *, entry: Entry | None = None) -> EntryR
             raise _Fail(f"on the check runs' resolved arguments: {r1.summary()}")
         return f"passes on the changes and on {len(c_res)} resolved arguments (list {loaded.sha256[:12]})", None
 
-    def layer2() -> tuple[str, None]:
+    def layer2(self) -> tuple[str, None]:
+        e, state = self.e, self.state
         from gate.convergence import check_convergence
 
         if e.gate.shipped_baseline:
             return "the baseline ships: no candidate curve to check", None
-        cr = _curves_and_resolved()
+        cr = self._curves_and_resolved()
         r2 = check_convergence(cr["baseline"][0], cr["candidate"][0])
         if not r2.passed:
             raise _Fail(f"the stored curves fail the convergence check: {r2.summary()}")
@@ -306,19 +348,13 @@ def verify_entry(directory: str | Path, *, entry: Entry | None = None) -> EntryR
                         f"recorded {conv.get('correlation')}, {conv.get('final_loss_rel_diff')}")
         return f"passes on {r2.n_steps} steps (correlation {corr:.4f}), as the ledger recorded", None
 
-    def cost() -> tuple[str, None]:
+    def cost(self) -> tuple[str, None]:
+        e = self.e
         want = usd_per_million(e.throughput.tokens_per_s_per_gpu, e.cost.price_per_gpu_hour)
         if not _close(want, e.cost.usd_per_million_tokens):
             raise _Fail(f"cost per million tokens {e.cost.usd_per_million_tokens} does not follow from "
                         f"{e.throughput.tokens_per_s_per_gpu} tokens/s/GPU at {e.cost.price_per_gpu_hour}/GPU-hour ({want})")
         return ("no price for this accelerator" if want is None else f"${want:.4f} per million tokens"), None
-
-    run("recipe", recipe)
-    run("throughput", throughput)
-    run("layer1", layer1)
-    run("layer2", layer2)
-    run("cost", cost)
-    return EntryReport(str(d), all(i.ok for i in items), items)
 
 
 def verify_many(paths: list[str | Path]) -> tuple[list[EntryReport], list[str]]:
