@@ -98,6 +98,7 @@ class Constants:
     context_gib: float = 3.0  # CUDA context, cuBLAS/cuDNN workspaces, NCCL communicators
     deepep_buffer_gib: float = 2.0
     userbuffers_gib: float = 1.5
+    moe_act_imbalance: float = 0.30  # fitted: the busiest expert rank's excess of routed activations (one local expert)
     fp8_activation_factor: float = 0.80  # FP8 recipes keep some saved inputs in FP8
     offload_staging_bytes: float = 4.0  # per offloaded optimizer-shard parameter kept on the device
 
