@@ -47,8 +47,9 @@ FREE: dict[str, tuple[float, float]] = {
     "gemm_eff_fp8": (0.35, 0.60),
     "gemm_eff_bf16": (0.60, 0.80),
     "a2a_nic_eff": (0.2, 0.95),
-    "a2a_nvlink_eff": (0.1, 0.8),
-    "deepep_nvlink_eff": (0.3, 0.9),
+    "a2a_nvlink_eff": (0.05, 0.8),
+    "deepep_nvlink_eff": (0.3, 0.95),
+    "expert_imbalance": (0.02, 0.6),
     "microbatch_host_s": (0.1e-3, 6e-3),
     "kernels.shared_expert_overlap": (1.0, 40.0),
     "kernels.dispatch_deepep": (2.0, 30.0),
@@ -57,7 +58,7 @@ FREE: dict[str, tuple[float, float]] = {
     "moe_act_imbalance": (0.05, 1.0),
     "fragmentation": (0.05, 0.25),
 }
-WEIGHTS = {"calibration": 6.0, "shipped": 1.0, "search": 1.0, "early": 0.15}
+WEIGHTS = {"calibration": 6.0, "shipped": 1.0, "search": 2.0, "early": 0.15}
 BAND = 0.035
 FITS_BELOW, OOM_ABOVE = 0.97, 1.03
 
