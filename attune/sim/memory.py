@@ -4,12 +4,15 @@ It builds on the pre-launch estimate (`attune.memory_estimate`, the same formula
 memory pre-filter use) and adds what that estimate leaves to its margin:
 
     peak(stage) = weights + gradients + optimizer state             (the estimate's)
-                + activations x FP8 factor x (1 + fragmentation)     (the estimate's activations)
+                + (activations + routing excess) x FP8 factor x (1 + fragmentation)
                 + logits                                              (the estimate's)
                 + CUDA context and workspaces + communication buffers
                 + (optimizer offload) a device staging copy of the offloaded shard's FP32 parameters
 
-Fragmentation is the caching allocator's (smaller with `expandable_segments:True`); the buffers are
+The routing excess is what the estimate's even spread of routed tokens misses: the busiest expert
+rank of a dropless MoE layer holds more routed tokens than the mean, by `moe_act_imbalance` /
+sqrt(local experts) of the MoE MLP's stored activations (one expert per rank: the full excess; many
+local experts average it out). Fragmentation is the caching allocator's (smaller with `expandable_segments:True`); the buffers are
 the CUDA context and NCCL communicators, DeepEP's dispatch buffers, and Transformer Engine's
 userbuffers for tensor-parallel overlap. A stage whose peak exceeds the accelerator's memory runs out
 of memory, as a real run would. `reserved` is what the allocator holds (peak + fragmentation slack).
@@ -17,7 +20,8 @@ of memory, as a real run would. `reserved` is what the allocator holds (peak + f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 from attune.memory_estimate import GIB, MODELLED_RECOMPUTE_MODULES, MemoryEstimate, MemoryOptions, estimate
 from attune.sim.constants import DEFAULT, Constants
@@ -85,8 +89,24 @@ def memory_options(r: SimRecipe, margin: float = 0.0) -> MemoryOptions:
     )
 
 
+def routing_excess_bytes(r: SimRecipe, opts: MemoryOptions, est: MemoryEstimate, c: Constants = DEFAULT) -> list[float]:
+    """Per stage: the stored MoE MLP activations the busiest expert rank holds beyond the estimate's mean."""
+    mods = set(opts.recompute_modules) if opts.recompute == "selective" else set()
+    if not r.model.is_moe or opts.recompute == "full" or "moe" in mods or "mlp" in mods or c.moe_act_imbalance <= 0:
+        return [0.0] * len(est.stages)
+    # the MoE MLP's share: the estimate with and without the MoE layers' MLP activations stored
+    without = estimate(r.model, r.layout, replace(opts, recompute="selective",
+                                                  recompute_modules=tuple(sorted(mods | {"moe"}))))
+    local = max(1.0, r.model.experts / (r.ep * r.etp))
+    excess = c.moe_act_imbalance / math.sqrt(local)
+    return [max(0.0, a.activation_bytes - b.activation_bytes) * excess
+            for a, b in zip(est.stages, without.stages, strict=True)]
+
+
 def stage_memory(r: SimRecipe, c: Constants = DEFAULT) -> MemoryReport:
-    est = estimate(r.model, r.layout, memory_options(r))
+    opts = memory_options(r)
+    est = estimate(r.model, r.layout, opts)
+    routing = routing_excess_bytes(r, opts, est, c)
     frag = c.fragmentation_expandable if r.expandable_segments else c.fragmentation
     act_factor = c.fp8_activation_factor if r.precision == "fp8" else 1.0
     buffers = c.context_gib
@@ -103,7 +123,7 @@ def stage_memory(r: SimRecipe, c: Constants = DEFAULT) -> MemoryReport:
             d, e = params[st.stage]
             shard = d / (r.dp * r.cp) + e / r.edp
             weights += shard * r.offload_fraction * c.offload_staging_bytes / GIB
-        acts = st.activation_bytes / GIB * act_factor
+        acts = (st.activation_bytes + routing[st.stage]) / GIB * act_factor
         logits = st.logits_bytes / GIB
         peak = weights + acts * (1.0 + frag) + logits + buffers
         reserved = peak + acts * frag * 0.5
