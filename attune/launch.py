@@ -42,11 +42,10 @@ from attune.campaign import campaign_lock
 from attune.measure import gpu_hours
 from attune.rungen import Candidate, Changes, ResolvedJob, RunGenerator, RunGenError, parse_changes
 from attune.spec import CampaignSpec, load_spec, spec_sha256
-from attune.state import BudgetState, CampaignState, RunState, fold
+from attune.state import BudgetState, CampaignState, Follower, RunState
 
 RUNS_DIR = "runs"
 FAILED_OUTCOMES = ("oom", "hang", "crash", "infrastructure")
-EARLY_ABORT_STEPS = 4  # measured steps before an early abort may judge a run
 SOURCE_ROOT = Path(attune.__file__).resolve().parents[1]
 
 
@@ -287,6 +286,7 @@ class Control:
         self.spec: CampaignSpec = load_spec(self.dir / "campaign.yaml")
         self.spec_sha256 = spec_sha256(self.dir / "campaign.yaml")
         self.ledger = ledger_mod.Ledger(self.dir)
+        self._follower = Follower(self.dir)
         self.gen = RunGenerator(self.spec)
         problems = self.gen.check_baseline()
         if problems:
@@ -308,7 +308,10 @@ class Control:
         return self.spec.name
 
     def state(self) -> CampaignState:
-        return fold(self.ledger.read().rows)
+        """The campaign's state, current with its ledger: only the rows appended since the last call
+        (by this process or another) are read, verified and folded (`state.Follower`). A snapshot:
+        later calls do not change it."""
+        return self._follower.snapshot()
 
     def run_dir(self, run_id: str) -> Path:
         return self.runs_dir / run_id
@@ -784,7 +787,7 @@ class Control:
     def _maybe_set_budget(self) -> None:
         """Once calibration is complete: the budget (default a multiple of one run) and the check reserve."""
         state = self.state()
-        if state.calibration is None or any(r.type == "budget_set" for r in self.ledger.rows()):
+        if state.calibration is None or state.budget_set_seq is not None:
             return
         charges = [state.runs[r].charge_gpu_hours for r in state.calibration_run_ids if r in state.runs]
         run_cost = statistics.fmean(charges) if charges else 0.0

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from attune.campaign import record_assumption, record_stop
-from attune.launch import EARLY_ABORT_STEPS, Admission, Control, JobFacts, LaunchRequest
+from attune.launch import Admission, Control, JobFacts, LaunchRequest
+from attune.measure import PRUNER, partial_throughput
 from attune.state import CampaignState, RunState
 from broker.backends import get_backend
 from broker.backends.base import Backend, BackendError, BackendUnavailable, JobSpec, JobState, JobStatus
@@ -206,10 +207,8 @@ class CampaignHandle:
                 return events + [self._kill(run, "hang", detail, idle)]
             if run.prune_below is not None:
                 partial = self.partial_throughput(run.run_id)
-                if partial is not None and partial[1] >= EARLY_ABORT_STEPS and partial[0] < run.prune_below:
-                    detail = (f"early abort: {partial[0]:.6g} tokens/s/GPU over {partial[1]} measured steps, below "
-                              f"the threshold {run.prune_below:.6g}")
-                    return events + [self._kill(run, "pruned", detail, idle)]
+                if partial is not None and PRUNER.prune(partial, run.prune_below):
+                    return events + [self._kill(run, "pruned", PRUNER.reason(partial, run.prune_below), idle)]
         return events
 
     def _kill(self, run: RunState, why: str, detail: str, idle: float | None) -> str:
@@ -221,7 +220,6 @@ class CampaignHandle:
 
     def partial_throughput(self, run_id: str) -> tuple[float, int] | None:
         """(tokens/s/GPU over the measured steps logged so far, how many), for the early abort."""
-        from attune.measure import windowed_throughput
         from attune.metrics import MetricsInputError, get_parser
 
         path = self.control.run_dir(run_id) / "log.txt"
@@ -232,12 +230,8 @@ class CampaignHandle:
         except (MetricsInputError, OSError):
             return None
         first, last = self.spec.workload.window
-        times = [parsed.steps[i].step_time_ms for i in sorted(parsed.steps) if first + 1 <= i <= last + 1]
-        times_s = [t / 1000.0 for t in times if t is not None and t > 0]
-        if not times_s:
-            return None
-        tokens = [float(self.spec.workload.tokens)] * len(times_s)
-        return windowed_throughput(tokens, times_s, self.spec.cluster.gpus), len(times_s)
+        times = {i: rec.step_time_ms for i, rec in parsed.steps.items()}
+        return partial_throughput(times, (first, last), float(self.spec.workload.tokens), self.spec.cluster.gpus)
 
     def _finish(self, run: RunState, st: JobStatus, idle: float | None = None) -> str:
         kill = self._kill_record(run.run_id) or {}

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from attune.measure import EARLY_ABORT_STEPS, PRUNER
 from attune.tuners.base import Candidate, Outcome, Tuner
 
-EARLY_ABORT_FRACTION = 0.9  # prune a run below 0.9 x the leader after 4 steady measured steps
-EARLY_ABORT_STEPS = 4
+__all__ = ["EARLY_ABORT_STEPS", "ControlPlane", "DriveResult", "drive"]  # the constant: attune.measure's
 
 
 class ControlPlane(Protocol):
@@ -72,7 +72,7 @@ def drive(
                     base = cp.baseline_tps()
                     tuner.tell(cand, Outcome(run_id=None, outcome="ok", tokens_per_s_per_gpu=base, valid=True))
                     continue
-                prune = cp.leader_tps() * EARLY_ABORT_FRACTION if early_abort else None
+                prune = PRUNER.floor(cp.leader_tps()) if early_abort else None
                 inflight[pool.submit(cp.evaluate, cand, prune)] = cand
             if not inflight:
                 break
