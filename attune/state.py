@@ -487,7 +487,8 @@ class Follower:
     in the ledger is noticed at the next refresh. Any of those checks failing makes it re-read the
     whole ledger from the start, which raises the classified LedgerError a full read raises (or, for
     a harmless change a full read accepts, folds the state again). A refresh that finds the file
-    unchanged since the last one (same size, inode, mtime and ctime) reads nothing at all.
+    unchanged since the last one (the ledger, its anchor and its key: same size, inode, mtime and
+    ctime) reads nothing at all.
 
     Thread-safe: one lock around each refresh."""
 
@@ -500,7 +501,8 @@ class Follower:
         self.torn_tail: str | None = None
         self.full_reads = 0  # how often it had to read the ledger from the start (after the first)
         self._lock = threading.Lock()
-        self._stat: tuple[int, int, int, int, int] | None = None  # (dev, ino, size, mtime_ns, ctime_ns) seen
+        self._stat: tuple[Any, ...] | None = None  # the files' stat at the last refresh (`_files`)
+        self._auth_files = (ledger_mod.anchor_path(self.dir), ledger_mod.key_path(self.dir))
         self._ident: tuple[int, int] | None = None
         self._last_line: tuple[int, bytes] | None = None  # (offset, bytes) of the last complete row read
         self._digest = hashlib.sha256()  # of bytes [0, offset)
@@ -559,7 +561,7 @@ class Follower:
                 self._reset()
             self._stat = None
             return self.state
-        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        key = self._files(st)
         if key == self._stat:
             return self.state
         for _ in range(3):
@@ -570,8 +572,20 @@ class Follower:
                 return self.state
             self._reset()  # the file changed between two reads of it: read it all again
             st = os.stat(self.path)
-            key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            key = self._files(st)
         raise ledger_mod.LedgerError(f"{self.path} keeps changing under its reader", "corrupt")
+
+    def _files(self, st: os.stat_result) -> tuple[Any, ...]:
+        """What a refresh compares to know nothing changed: the ledger's, the anchor's and the key's
+        stat (a changed anchor or key is read and checked, as a full read would)."""
+        out: list[Any] = [(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)]
+        for p in self._auth_files:
+            try:
+                a = os.stat(p)
+                out.append((a.st_ino, a.st_size, a.st_mtime_ns, a.st_ctime_ns))
+            except OSError:
+                out.append(None)
+        return tuple(out)
 
     def _read_new(self, st: os.stat_result) -> bool:
         """Verify and fold the rows after `offset`; False if the bytes changed between two reads."""
