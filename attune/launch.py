@@ -10,7 +10,9 @@ One `Control` per campaign directory. The broker service drives it:
     finish(run_id, facts)   (under the campaign lock) the metrics reader scores the log, the run is
                             classified and charged GPUs x (release - admission) -> `run_finished`,
                             `measurement`, then `calibration_run` (+ `budget_set` once calibration
-                            is complete) or `leader_changed` when the promotion rule says so
+                            is complete) or `leader_changed` when the promotion rule says so; a
+                            check or re-measurement run's own row (`check_run`, `remeasurement`) is
+                            the shipping step's, recorded next by `attune.shipper.advance`
 
 Admission is atomic across threads and processes: it holds an exclusive flock on
 `<campaign>/.control.lock` around "fold the ledger -> check -> append", so concurrent launch
@@ -748,10 +750,6 @@ class Control:
                 self.ledger.append("calibration_run", {"run_id": run_id,
                                                        "tokens_per_s_per_gpu": score.tokens_per_s_per_gpu})
                 self._maybe_set_budget()
-            elif run.kind in ("check", "remeasure"):
-                from attune.shipping import record_final_run
-
-                out.update(record_final_run(self, run_id))
             elif run.kind == "search" and verdict == "leader":
                 state = self.state()
                 prev_id, prev = state.leader_run_id, state.leader_tokens_per_s_per_gpu

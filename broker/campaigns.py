@@ -153,13 +153,13 @@ class CampaignHandle:
 
     def advance_shipping(self) -> list[str]:
         """After the stop: the control plane's shipping step (checks, ship, final re-measurement)."""
-        from attune import shipping
+        from attune import shipper, shipping
 
         state = self.control.state()
         if not shipping.is_due(state) or state.in_flight:
             return []
         before = state.shipped
-        decision = shipping.advance(self.control, self.backend)
+        decision = shipper.advance(self.control, self.backend)
         if decision is not None:
             out = self._submit(decision, decision.as_dict())
             return [f"shipping: {decision.kind} run {decision.run_id} submitted={out.get('submitted')}"]
