@@ -506,7 +506,6 @@ class Follower:
         self._ident: tuple[int, int] | None = None
         self._last_line: tuple[int, bytes] | None = None  # (offset, bytes) of the last complete row read
         self._digest = hashlib.sha256()  # of bytes [0, offset)
-        self._snapshot: CampaignState | None = None
 
     def _reset(self) -> None:
         if self.offset or self.state.last_seq >= 0:
@@ -517,7 +516,6 @@ class Follower:
         self._ident = None
         self._last_line = None
         self._digest = hashlib.sha256()
-        self._snapshot = None
 
     def _prefix_intact(self, st: os.stat_result) -> bool:
         """Whether the bytes read so far are still what they were (cheap checks first)."""
@@ -613,10 +611,8 @@ class Follower:
         return True
 
     def snapshot(self) -> CampaignState:
-        """A copy of the current state that later refreshes leave alone (the same copy while no row
-        was added), for callers that compare a state before and after an action."""
+        """A copy of the current state that later refreshes leave alone, for callers that compare a
+        state before and after an action (its containers are its own; its RunState objects are shared
+        and copied on write by `apply`: read them, do not change them)."""
         with self._lock:
-            live = self._refresh()
-            if self._snapshot is None or self._snapshot.last_seq != live.last_seq:
-                self._snapshot = live.copy()
-            return self._snapshot
+            return self._refresh().copy()

@@ -198,7 +198,10 @@ def test_a_follower_folds_rows_another_process_appends_and_its_snapshots_stay_pu
     led = _fill(tmp_path, [100.0] * 5)
     follower = state.Follower(tmp_path)
     before = follower.snapshot()
-    assert before.calibration is not None and follower.snapshot() is before  # nothing new: the same snapshot
+    again = follower.snapshot()
+    assert before.calibration is not None and again is not before and again.runs == before.runs
+    again.calibration_values.append(1.0)  # a caller's change to its copy stays there
+    assert follower.snapshot().calibration_values == [100.0] * 5
     led.append("launch_admitted", {"run_id": "s1", "kind": "search", "expected_gpu_hours": 1.0})
     admitted = follower.snapshot()
     assert admitted is not before and admitted.runs["s1"].status == "admitted" and "s1" not in before.runs
