@@ -1,6 +1,6 @@
 """Launches per second through the control plane on a campaign whose ledger has 10,000 rows.
 
-    python benchmarks/bench_launch_rate.py [--rows 10000] [--launches 30] [--json]
+    python benchmarks/bench_launch_rate.py [--rows 10000] [--launches 30] [--no-prefix-check] [--json]
 
 A campaign of the stand-in trainer (tests/fake_trainer.py's spec, local backend, search rules off)
 is calibrated through `Control` (five calibration runs admitted, given a real stand-in log, finished
@@ -10,6 +10,10 @@ API as the broker writes them (admitted, submitted, started, finished, measured)
 the identical-recipe rule, budget admission, job.json, `launch_admitted`), `run_submitted`,
 `run_started`, and finish (the metrics reader scores a real log, the charge, `run_finished`,
 `measurement`). No job process runs in the timed loop: the figure is the control plane's own rate.
+`--no-prefix-check`: the incremental state reader without its SHA-256 of the rows already read (the
+check that notices an in-place edit of an old row), to show what that check costs.
+
+It runs on older code too (`Control` without an incremental reader): point PYTHONPATH at a copy.
 
 Prints figures; asserts nothing but that every launch was admitted and finished ok.
 """
@@ -90,6 +94,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=10_000)
     ap.add_argument("--launches", type=int, default=30)
+    ap.add_argument("--no-prefix-check", action="store_true")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp_s:
@@ -108,6 +113,9 @@ def main() -> None:
         t0 = time.perf_counter()
         c = Control(d)  # a broker that starts on the full ledger
         open_s = time.perf_counter() - t0
+        follower = getattr(c, "_follower", None)
+        if a.no_prefix_check and follower is not None:
+            follower.verify_prefix = False
         t0 = time.perf_counter()
         st = c.state()
         state_s = time.perf_counter() - t0
@@ -125,11 +133,15 @@ def main() -> None:
         "ledger_rows_at_start": n_rows, "ledger_rows_at_end": rows_end, "runs_at_start": len(st.runs),
         "launches": a.launches, "launches_per_s": a.launches / total,
         "ms_per_launch_mean": 1000 * statistics.fmean(per), "ms_per_launch_median": 1000 * statistics.median(per),
+        "incremental": follower is not None, "prefix_check": follower is not None and follower.verify_prefix,
         "ms_control_open": 1000 * open_s, "ms_state_call": 1000 * state_s, "fill_s": fill_s,
     }
     if a.json:
         print(json.dumps(figures, indent=2))
         return
+    how = ("full re-read per state()" if follower is None else
+           f"incremental state, prefix check {'on' if follower.verify_prefix else 'off'}")
+    print(f"control plane: {how}")
     print(f"ledger: {n_rows} rows ({len(st.runs)} runs) at the start, {rows_end} at the end")
     print(f"Control() on the full ledger: {figures['ms_control_open']:.0f} ms; one state(): "
           f"{figures['ms_state_call']:.1f} ms")
