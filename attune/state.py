@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -477,18 +478,24 @@ def load(campaign_dir: Path | str, *, chain_only: bool = False) -> tuple[Campaig
     return fold(result.rows), result
 
 
+PREFIX_COPY_MAX = 64 * 2**20  # a Follower keeps a copy of a ledger up to this size (else its SHA-256)
+RACY_NS = 2_000_000_000  # a file changed this recently may change again with the same mtime (coarse clocks)
+
+
 class Follower:
     """Keeps a CampaignState current by reading only rows appended since the last refresh.
 
     Each refresh verifies the new rows as a full read does (hash chain from the last row read, MACs,
     the anchor, the row data), after checking that what was read before is still there: the same
     file (device and inode), no shorter, its last row read byte for byte the same, and (with
-    `verify_prefix`, the default) the SHA-256 of every byte read before unchanged: an edit anywhere
-    in the ledger is noticed at the next refresh. Any of those checks failing makes it re-read the
+    `verify_prefix`, the default) every byte read before unchanged (compared with a copy kept in
+    memory, or for a ledger over `PREFIX_COPY_MAX` bytes with their SHA-256): an edit anywhere in the
+    ledger is noticed at the next refresh. Any of those checks failing makes it re-read the
     whole ledger from the start, which raises the classified LedgerError a full read raises (or, for
-    a harmless change a full read accepts, folds the state again). A refresh that finds the file
+    a harmless change a full read accepts, folds the state again). A refresh that finds the files
     unchanged since the last one (the ledger, its anchor and its key: same size, inode, mtime and
-    ctime) reads nothing at all.
+    ctime) reads nothing at all, provided the ledger had last changed more than `RACY_NS` before
+    that (file times tick coarsely: a change within the same tick would keep the same times).
 
     Thread-safe: one lock around each refresh."""
 
@@ -505,7 +512,8 @@ class Follower:
         self._auth_files = (ledger_mod.anchor_path(self.dir), ledger_mod.key_path(self.dir))
         self._ident: tuple[int, int] | None = None
         self._last_line: tuple[int, bytes] | None = None  # (offset, bytes) of the last complete row read
-        self._digest = hashlib.sha256()  # of bytes [0, offset)
+        self._digest = hashlib.sha256()  # of bytes [0, offset), once they are no longer kept
+        self._prefix: bytearray | None = bytearray()  # bytes [0, offset) while at most PREFIX_COPY_MAX
 
     def _reset(self) -> None:
         if self.offset or self.state.last_seq >= 0:
@@ -516,6 +524,7 @@ class Follower:
         self._ident = None
         self._last_line = None
         self._digest = hashlib.sha256()
+        self._prefix = bytearray()
 
     def _prefix_intact(self, st: os.stat_result) -> bool:
         """Whether the bytes read so far are still what they were (cheap checks first)."""
@@ -532,19 +541,25 @@ class Follower:
                         return False
                 if self.verify_prefix:
                     fh.seek(0)
-                    h = hashlib.sha256()
-                    left = self.offset
-                    while left > 0:
-                        chunk = fh.read(min(left, 1 << 20))
-                        if not chunk:
-                            return False
-                        h.update(chunk)
-                        left -= len(chunk)
-                    if h.digest() != self._digest.digest():
+                    if not self._same_prefix(fh):
                         return False
         except OSError:
             return False
         return True
+
+    def _same_prefix(self, fh: Any) -> bool:
+        """Whether the open file's first `offset` bytes are the ones read before."""
+        if self._prefix is not None:
+            return fh.read(self.offset) == self._prefix
+        h = hashlib.sha256()
+        left = self.offset
+        while left > 0:
+            chunk = fh.read(min(left, 1 << 20))
+            if not chunk:
+                return False
+            h.update(chunk)
+            left -= len(chunk)
+        return h.digest() == self._digest.digest()
 
     def refresh(self) -> CampaignState:
         """The live state, current with the ledger (raises LedgerError as a full read does)."""
@@ -566,7 +581,8 @@ class Follower:
             if not self._prefix_intact(st):
                 self._reset()
             if self._read_new(st):
-                self._stat = key if self.offset == st.st_size and self.torn_tail is None else None
+                settled = max(st.st_mtime_ns, st.st_ctime_ns) < time.time_ns() - RACY_NS
+                self._stat = key if settled and self.offset == st.st_size and self.torn_tail is None else None
                 return self.state
             self._reset()  # the file changed between two reads of it: read it all again
             st = os.stat(self.path)
@@ -600,7 +616,12 @@ class Follower:
                 new = fh.read(result.end_offset - self.offset)
             if len(new) != result.end_offset - self.offset:
                 return False
-            self._digest.update(new)
+            if self._prefix is None:
+                self._digest.update(new)
+            else:
+                self._prefix += new
+                if len(self._prefix) > PREFIX_COPY_MAX:  # from now on its digest
+                    self._digest, self._prefix = hashlib.sha256(self._prefix), None
             cut = new.rfind(b"\n", 0, len(new) - 1) + 1
             self._last_line = (self.offset + cut, new[cut:])
             for row in result.rows:

@@ -227,3 +227,21 @@ def test_a_follower_rereads_a_ledger_replaced_by_a_valid_one(tmp_path: Path) -> 
     path = a / ledger.LEDGER_NAME
     path.write_bytes(b"".join(json.dumps(json.loads(x)).encode() + b"\n" for x in path.read_bytes().splitlines()))
     assert len(follower.refresh().calibration_values) == 2 and follower.full_reads == 1
+
+
+@pytest.mark.parametrize("copy_max", [state.PREFIX_COPY_MAX, 0])
+def test_a_follower_notices_a_same_size_edit_of_a_row_it_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               copy_max: int) -> None:
+    """Two rows' MACs swapped: the file keeps its size and its last row; the rows read before are compared
+    (with a copy, or past PREFIX_COPY_MAX with their SHA-256) and a full read names the tampering."""
+    monkeypatch.setattr(state, "PREFIX_COPY_MAX", copy_max)
+    _fill(tmp_path, [100.0] * 3)
+    follower = state.Follower(tmp_path)
+    follower.refresh()
+    path = tmp_path / ledger.LEDGER_NAME
+    rows = [json.loads(x) for x in path.read_bytes().splitlines()]
+    rows[2]["mac"], rows[3]["mac"] = rows[3]["mac"], rows[2]["mac"]
+    path.write_bytes(b"".join(ledger.canonical(r) + b"\n" for r in rows))
+    with pytest.raises(ledger.LedgerError) as exc:
+        follower.refresh()
+    assert exc.value.kind == "rewritten"
