@@ -67,6 +67,7 @@ class RunState:
     invalid_reasons: list[str] = field(default_factory=list)
     verdict: str | None = None
     admitted_seq: int | None = None
+    admitted_ts: str | None = None  # the admission row's time (ISO 8601)
     finished_seq: int | None = None
     recipe_key: str | None = None  # identity of the recipe (identical recipes are refused)
     base_run_id: str | None = None  # the run whose recipe the changes were applied to
@@ -286,6 +287,7 @@ class CampaignState:
             expected_gpu_hours=float(d["expected_gpu_hours"]),
             profile=bool(d.get("profile", False)),
             admitted_seq=row.seq,
+            admitted_ts=row.ts,
             recipe_key=d.get("recipe_key"),
             base_run_id=d.get("base_run_id"),
             retry_of=d.get("retry_of"),

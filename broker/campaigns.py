@@ -283,7 +283,7 @@ class CampaignHandle:
         return run
 
     def run_summary(self, run: RunState, live: bool = False) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(run).items() if k not in ("code_locations", "admitted_seq", "finished_seq")}
+        out = {k: v for k, v in asdict(run).items() if k not in ("code_locations", "admitted_seq", "admitted_ts", "finished_seq")}
         if live and run.status != "finished":
             st: JobStatus | None = None
             if run.backend_id is not None:
@@ -346,9 +346,8 @@ def _row_time(handle: CampaignHandle, run: RunState) -> float:
     """Epoch seconds of a run's admission row."""
     from datetime import datetime
 
-    for row in handle.control.ledger.rows():
-        if row.seq == run.admitted_seq:
-            return datetime.fromisoformat(row.ts).timestamp()
+    if run.admitted_ts is not None:
+        return datetime.fromisoformat(run.admitted_ts).timestamp()
     return time.time()
 
 
