@@ -10,7 +10,9 @@ One `Control` per campaign directory. The broker service drives it:
     finish(run_id, facts)   (under the campaign lock) the metrics reader scores the log, the run is
                             classified and charged GPUs x (release - admission) -> `run_finished`,
                             `measurement`, then `calibration_run` (+ `budget_set` once calibration
-                            is complete) or `leader_changed` when the promotion rule says so
+                            is complete) or `leader_changed` when the promotion rule says so; a
+                            check or re-measurement run's own row (`check_run`, `remeasurement`) is
+                            the shipping step's, recorded next by `attune.shipper.advance`
 
 Admission is atomic across threads and processes: it holds an exclusive flock on
 `<campaign>/.control.lock` around "fold the ledger -> check -> append", so concurrent launch
@@ -29,7 +31,7 @@ import os
 import re
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -44,10 +46,9 @@ from attune.job import JobSpec
 from attune.measure import gpu_hours
 from attune.rungen import Candidate, Changes, RunGenerator, RunGenError, parse_changes
 from attune.spec import CampaignSpec, load_spec, spec_sha256
-from attune.state import BudgetState, CampaignState, RunState, fold
+from attune.state import BudgetState, CampaignState, Follower, RunState
 from attune.vocab import STOPPED_OUTCOMES, RunKind, RunOutcome, Verdict
 
-EARLY_ABORT_STEPS = 4  # measured steps before an early abort may judge a run
 SOURCE_ROOT = Path(attune.__file__).resolve().parents[1]
 
 
@@ -288,6 +289,7 @@ class Control:
         self.spec: CampaignSpec = load_spec(self.dir / CAMPAIGN_FILE)
         self.spec_sha256 = spec_sha256(self.dir / CAMPAIGN_FILE)
         self.ledger = ledger_mod.Ledger(self.dir)
+        self._follower = Follower(self.dir)
         self.gen = RunGenerator(self.spec)
         problems = self.gen.check_baseline()
         if problems:
@@ -309,7 +311,10 @@ class Control:
         return self.spec.name
 
     def state(self) -> CampaignState:
-        return fold(self.ledger.read().rows)
+        """The campaign's state, current with its ledger: only the rows appended since the last call
+        (by this process or another) are read, verified and folded (`state.Follower`). A snapshot:
+        later calls do not change it."""
+        return self._follower.snapshot()
 
     def run_dir(self, run_id: str) -> Path:
         return self.runs_dir / run_id
@@ -501,112 +506,17 @@ class Control:
         return Changes(dict(run.changes.get("args") or {}), dict(run.changes.get("env") or {}))
 
     def _decide(self, state: CampaignState, req: LaunchRequest) -> Admission:
-        spec = self.spec
-        if state.name is None:
-            return Admission(False, "not_started", "the campaign has not started")
-        if state.failed is not None:
-            return Admission(False, "failed", f"the campaign has ended failed: {state.failed.get('reason')}",
-                             kind=req.kind)
-        edits = parse_changes(req.changes)
-        probe_dir = self.run_dir(self._next_run_id(state, req))
-        self.gen.confine(edits, probe_dir, self.workdir)  # before anything else: a path is refused outright
-        if len(state.in_flight) >= spec.budget.concurrency:
-            return Admission(False, "concurrency", (
-                f"{len(state.in_flight)} run(s) in flight ({', '.join(r.run_id for r in state.in_flight)}) and the "
-                f"campaign allows {spec.budget.concurrency} at once: wait for one to finish"), kind=req.kind)
-        retry_of: str | None = None
-        exclude: list[str] = []
-        if req.kind == "calibration":
-            if not edits.empty or req.profile or req.base not in ("leader", "baseline"):
-                raise RunGenError("bad_request", "a calibration run is the baseline itself: no changes, no profiling")
-            required = state.calibration_runs_required
-            cal_open = sum(1 for r in state.in_flight if r.kind == "calibration")
-            if len(state.calibration_values) + cal_open >= required:
-                return Admission(False, "calibration_full", (
-                    f"calibration needs {required} good baseline runs; {len(state.calibration_values)} done and "
-                    f"{cal_open} in flight"), kind=req.kind)
-            cand = self.gen.candidate(Changes(), Changes(), False)
-        else:
-            missing = [n for n, v in (("hypothesis", req.hypothesis), ("lever", req.lever)) if not (v or "").strip()]
-            if req.expected_gain is None or not math.isfinite(req.expected_gain):
-                missing.append("expected_gain")
-            if missing:
-                raise RunGenError("bad_request", (
-                    f"a search launch states {', '.join(missing)}: the bottleneck it should shrink and the "
-                    "mechanism (hypothesis), the lever it changes, and the expected gain"))
-            if state.stop is not None:
-                return Admission(False, "stopped", "the campaign has recorded a stop; no further search launches",
-                                 kind=req.kind)
-            if state.calibration is None:
-                return Admission(False, "not_calibrated", (
-                    f"the baseline is not calibrated yet ({len(state.calibration_values)}/"
-                    f"{state.calibration_runs_required} calibration runs): launch calibration runs first"),
-                    kind=req.kind)
-            base = self._base_changes(state, req.base)
-            cand = self.gen.candidate(base, edits, req.profile)
-            if cand.changes.empty and not req.profile:
-                raise RunGenError("no_change", (
-                    "the candidate is the baseline recipe itself (its changes cancel out): the baseline is "
-                    "measured by calibration; change a lever"))
-        if req.kind == "search" and not (req.profile and edits.empty):  # a profiled re-run of a recipe is no new candidate
-            from attune import search_rules
-
-            r2 = search_rules.check_one_lever(spec, state, cand.args, cand.env)
-            if r2 is not None:
-                return Admission(False, r2.code, r2.line(), kind=req.kind, changes=cand.changes.as_dict(),
-                                 items=r2.items)
-        # Layer 1 of the gate on the candidate recipe (flags and environment, before fixes).
-        verdict = check_candidate(spec, self.dir, state.list_sha256, spec.baseline.args, cand.args,
-                                  spec.baseline.env, cand.env)
-        gate_info = {"passed": verdict.passed, "summary": verdict.summary, "list_sha256": verdict.list_sha256}
-        if not verdict.passed:
-            a = Admission(False, "gate", verdict.summary, kind=req.kind, changes=cand.changes.as_dict())
-            a.gate = {**gate_info, "refusals": verdict.refusals}
-            return a
-        if req.kind == "search":
-            new_flags = [
-                f for f, v in edits.args.items()
-                if v is not None and v is not False and f not in spec.baseline.args
-            ]
-            no_loc = [f for f in new_flags if not (req.code_locations.get(f) or "").strip()]
-            if no_loc:
-                raise RunGenError("code_locations", (
-                    f"record where the running image implements each new flag (code_locations, e.g. "
-                    f"{{\"{no_loc[0]}\": \"path/to/file.py:123\"}}): missing for {', '.join(no_loc)}"))
-            ident = self._identical(state, cand)
-            if ident is not None:
-                if ident[0] == "retry":
-                    retry_of = ident[1]
-                    exclude = list(state.runs[retry_of].nodes)
-                else:
-                    return Admission(False, "identical", ident[1], kind=req.kind)
-        # Budget.
-        expected = self.expected_cost(state, req.kind, req.profile)
-        b = state.budget
-        if req.kind == "search":
-            if b.total is None:
-                return Admission(False, "budget_unset", "the campaign's budget is not set yet", kind=req.kind)
-            if expected is None:
-                return Admission(False, "no_estimate", (
-                    "no run has finished yet, so a launch's cost is unknown: calibrate first or set "
-                    "control.expected_run_gpu_hours"), kind=req.kind)
-        if b.total is not None and expected is not None and expected > (b.search_remaining or 0.0) + 1e-12:
-            return Admission(False, "budget", (
-                f"expected cost {expected:.6g} GPU-h does not fit: {b.search_remaining:.6g} GPU-h left for search "
-                f"(total {b.total:.6g} - charged {b.charged:.6g} - in flight {b.in_flight:.6g} - reserve "
-                f"{b.reserve_left:.6g})"), kind=req.kind, expected_gpu_hours=expected)
-        run_id = self._next_run_id(state, req)
-        run_dir = self.run_dir(run_id)
-        self.gen.confine(cand.changes, run_dir, self.workdir)  # inherited values too (a leader's)
-        job = self.gen.resolve(cand, run_dir, self.workdir)
-        problems = self.gen.check_shape(job, req.profile)
-        if problems:
-            return Admission(False, "shape", "the job does not match the campaign's pinned shape: " + "; ".join(problems),
-                             kind=req.kind)
-        job = self._with_workload_python(job)
-        return Admission(True, run_id=run_id, kind=req.kind, expected_gpu_hours=_round(expected or 0.0),
-                         changes=cand.changes.as_dict(), retry_of=retry_of, exclude_nodes=exclude, job=job,
-                         gate=gate_info, recipe_key=cand.recipe_key)
+        """Run the admission rules in order (`ADMISSION_RULES`): the first refusal is the answer."""
+        ctx = AdmitContext(self, state, req)
+        for rule in ADMISSION_RULES:
+            refusal = rule(ctx)
+            if refusal is not None:
+                return refusal.admission(req.kind)
+        job = self._with_workload_python(ctx.job) if ctx.job is not None else None
+        assert job is not None and ctx.candidate is not None and ctx.run_id is not None
+        return Admission(True, run_id=ctx.run_id, kind=req.kind, expected_gpu_hours=_round(ctx.expected or 0.0),
+                         changes=ctx.candidate.changes.as_dict(), retry_of=ctx.retry_of, exclude_nodes=ctx.exclude,
+                         job=job, gate=ctx.gate, recipe_key=ctx.candidate.recipe_key)
 
     def _identical(self, state: CampaignState, cand: Candidate) -> tuple[str, str] | None:
         """None: a new recipe. ("retry", run_id): one retry of an infrastructure failure. ("refuse", why)."""
@@ -746,10 +656,6 @@ class Control:
                 self.ledger.append("calibration_run", {"run_id": run_id,
                                                        "tokens_per_s_per_gpu": score.tokens_per_s_per_gpu})
                 self._maybe_set_budget()
-            elif run.kind in (RunKind.CHECK, RunKind.REMEASURE):
-                from attune.shipping import record_final_run
-
-                out.update(record_final_run(self, run_id))
             elif run.kind == RunKind.SEARCH and verdict == Verdict.LEADER:
                 state = self.state()
                 prev_id, prev = state.leader_run_id, state.leader_tokens_per_s_per_gpu
@@ -785,7 +691,7 @@ class Control:
     def _maybe_set_budget(self) -> None:
         """Once calibration is complete: the budget (default a multiple of one run) and the check reserve."""
         state = self.state()
-        if state.calibration is None or any(r.type == "budget_set" for r in self.ledger.rows()):
+        if state.calibration is None or state.budget_set_seq is not None:
             return
         charges = [state.runs[r].charge_gpu_hours for r in state.calibration_run_ids if r in state.runs]
         run_cost = statistics.fmean(charges) if charges else 0.0
@@ -805,3 +711,237 @@ class Control:
         )
         self.ledger.append("budget_set", {"gpu_hours": _round(total), "reserve_gpu_hours": _round(reserve),
                                           "run_cost_gpu_hours": _round(run_cost), "reason": reason})
+
+
+# ----------------------------------------------------------------------------------- admission rules
+
+
+@dataclass
+class Refusal:
+    """Why a launch request is refused: a stable code, the reason in words, and what it lacks."""
+
+    code: str
+    reason: str
+    items: list[str] = field(default_factory=list)
+    changes: dict[str, Any] | None = None  # the candidate's changes, where the refusal is about them
+    gate: dict[str, Any] | None = None
+    expected_gpu_hours: float | None = None
+    with_kind: bool = True  # False: the request was not read (the campaign has not started)
+
+    def admission(self, kind: str) -> Admission:
+        return Admission(False, self.code, self.reason, kind=kind if self.with_kind else None,
+                         expected_gpu_hours=self.expected_gpu_hours, changes=self.changes, gate=self.gate,
+                         items=list(self.items))
+
+
+@dataclass
+class AdmitContext:
+    """What the admission rules read (the control plane, the state, the request) and what they work
+    out for the rules after them (the edits, the candidate, the gate's verdict, the cost, the job)."""
+
+    control: Control
+    state: CampaignState
+    request: LaunchRequest
+    edits: Changes = field(default_factory=Changes)
+    candidate: Candidate | None = None
+    gate: dict[str, Any] | None = None
+    retry_of: str | None = None
+    exclude: list[str] = field(default_factory=list)
+    expected: float | None = None
+    run_id: str | None = None
+    job: JobSpec | None = None
+
+    @property
+    def spec(self) -> CampaignSpec:
+        return self.control.spec
+
+    @property
+    def search(self) -> bool:
+        return self.request.kind == "search"
+
+    @property
+    def cand(self) -> Candidate:
+        assert self.candidate is not None, "a rule before this one makes the candidate"
+        return self.candidate
+
+
+AdmissionRule = Callable[[AdmitContext], Refusal | None]
+
+
+def rule_started(ctx: AdmitContext) -> Refusal | None:
+    if ctx.state.name is None:
+        return Refusal("not_started", "the campaign has not started", with_kind=False)
+    if ctx.state.failed is not None:
+        return Refusal("failed", f"the campaign has ended failed: {ctx.state.failed.get('reason')}")
+    return None
+
+
+def rule_paths_confined(ctx: AdmitContext) -> Refusal | None:
+    """Before anything else: a path in the changes outside the run's directory is refused outright."""
+    c = ctx.control
+    ctx.edits = parse_changes(ctx.request.changes)
+    c.gen.confine(ctx.edits, c.run_dir(c._next_run_id(ctx.state, ctx.request)), c.workdir)
+    return None
+
+
+def rule_concurrency(ctx: AdmitContext) -> Refusal | None:
+    flying, limit = ctx.state.in_flight, ctx.spec.budget.concurrency
+    if len(flying) >= limit:
+        return Refusal("concurrency", (
+            f"{len(flying)} run(s) in flight ({', '.join(r.run_id for r in flying)}) and the campaign allows "
+            f"{limit} at once: wait for one to finish"))
+    return None
+
+
+def rule_calibration(ctx: AdmitContext) -> Refusal | None:
+    """A calibration run is the baseline itself, while calibration still needs runs."""
+    req, state = ctx.request, ctx.state
+    if req.kind != "calibration":
+        return None
+    if not ctx.edits.empty or req.profile or req.base not in ("leader", "baseline"):
+        return Refusal("bad_request", "a calibration run is the baseline itself: no changes, no profiling")
+    required = state.calibration_runs_required
+    cal_open = sum(1 for r in state.in_flight if r.kind == "calibration")
+    if len(state.calibration_values) + cal_open >= required:
+        return Refusal("calibration_full", (
+            f"calibration needs {required} good baseline runs; {len(state.calibration_values)} done and "
+            f"{cal_open} in flight"))
+    ctx.candidate = ctx.control.gen.candidate(Changes(), Changes(), False)
+    return None
+
+
+def rule_search_request(ctx: AdmitContext) -> Refusal | None:
+    """A search launch states its hypothesis, lever and expected gain."""
+    req = ctx.request
+    if not ctx.search:
+        return None
+    missing = [n for n, v in (("hypothesis", req.hypothesis), ("lever", req.lever)) if not (v or "").strip()]
+    if req.expected_gain is None or not math.isfinite(req.expected_gain):
+        missing.append("expected_gain")
+    if missing:
+        return Refusal("bad_request", (
+            f"a search launch states {', '.join(missing)}: the bottleneck it should shrink and the "
+            "mechanism (hypothesis), the lever it changes, and the expected gain"))
+    return None
+
+
+def rule_search_open(ctx: AdmitContext) -> Refusal | None:
+    """Search launches run between calibration and the stop."""
+    state = ctx.state
+    if not ctx.search:
+        return None
+    if state.stop is not None:
+        return Refusal("stopped", "the campaign has recorded a stop; no further search launches")
+    if state.calibration is None:
+        return Refusal("not_calibrated", (
+            f"the baseline is not calibrated yet ({len(state.calibration_values)}/"
+            f"{state.calibration_runs_required} calibration runs): launch calibration runs first"))
+    return None
+
+
+def rule_search_candidate(ctx: AdmitContext) -> Refusal | None:
+    """The candidate: the changes applied to the base recipe; it must differ from the baseline."""
+    if not ctx.search:
+        return None
+    req, c = ctx.request, ctx.control
+    ctx.candidate = c.gen.candidate(c._base_changes(ctx.state, req.base), ctx.edits, req.profile)
+    if ctx.candidate.changes.empty and not req.profile:
+        return Refusal("no_change", (
+            "the candidate is the baseline recipe itself (its changes cancel out): the baseline is "
+            "measured by calibration; change a lever"))
+    return None
+
+
+def rule_one_lever(ctx: AdmitContext) -> Refusal | None:
+    """The skill's search rules (attune.search_rules); a profiled re-run of a recipe is no new candidate."""
+    if not ctx.search or (ctx.request.profile and ctx.edits.empty):
+        return None
+    from attune import search_rules
+
+    cand = ctx.cand
+    r2 = search_rules.check_one_lever(ctx.spec, ctx.state, cand.args, cand.env)
+    if r2 is None:
+        return None
+    return Refusal(r2.code, r2.line(), items=list(r2.items), changes=cand.changes.as_dict())
+
+
+def rule_gate(ctx: AdmitContext) -> Refusal | None:
+    """Layer 1 of the gate on the candidate recipe (flags and environment, before fixes)."""
+    spec, cand = ctx.spec, ctx.cand
+    verdict = check_candidate(spec, ctx.control.dir, ctx.state.list_sha256, spec.baseline.args, cand.args,
+                              spec.baseline.env, cand.env)
+    ctx.gate = {"passed": verdict.passed, "summary": verdict.summary, "list_sha256": verdict.list_sha256}
+    if verdict.passed:
+        return None
+    return Refusal("gate", verdict.summary, changes=cand.changes.as_dict(),
+                   gate={**ctx.gate, "refusals": verdict.refusals})
+
+
+def rule_code_locations(ctx: AdmitContext) -> Refusal | None:
+    """A search launch records where the running image implements each flag it adds."""
+    if not ctx.search:
+        return None
+    req, spec = ctx.request, ctx.spec
+    new_flags = [f for f, v in ctx.edits.args.items()
+                 if v is not None and v is not False and f not in spec.baseline.args]
+    no_loc = [f for f in new_flags if not (req.code_locations.get(f) or "").strip()]
+    if no_loc:
+        return Refusal("code_locations", (
+            f"record where the running image implements each new flag (code_locations, e.g. "
+            f"{{\"{no_loc[0]}\": \"path/to/file.py:123\"}}): missing for {', '.join(no_loc)}"))
+    return None
+
+
+def rule_identical(ctx: AdmitContext) -> Refusal | None:
+    """A recipe is measured once; one retry of an infrastructure failure, on other nodes."""
+    if not ctx.search:
+        return None
+    ident = ctx.control._identical(ctx.state, ctx.cand)
+    if ident is None:
+        return None
+    if ident[0] == "retry":
+        ctx.retry_of = ident[1]
+        ctx.exclude = list(ctx.state.runs[ident[1]].nodes)
+        return None
+    return Refusal("identical", ident[1])
+
+
+def rule_budget(ctx: AdmitContext) -> Refusal | None:
+    """The expected cost fits what is left for search (search launches need the budget and an estimate)."""
+    req, b = ctx.request, ctx.state.budget
+    expected = ctx.expected = ctx.control.expected_cost(ctx.state, req.kind, req.profile)
+    if ctx.search:
+        if b.total is None:
+            return Refusal("budget_unset", "the campaign's budget is not set yet")
+        if expected is None:
+            return Refusal("no_estimate", (
+                "no run has finished yet, so a launch's cost is unknown: calibrate first or set "
+                "control.expected_run_gpu_hours"))
+    if b.total is not None and expected is not None and expected > (b.search_remaining or 0.0) + 1e-12:
+        return Refusal("budget", (
+            f"expected cost {expected:.6g} GPU-h does not fit: {b.search_remaining:.6g} GPU-h left for search "
+            f"(total {b.total:.6g} - charged {b.charged:.6g} - in flight {b.in_flight:.6g} - reserve "
+            f"{b.reserve_left:.6g})"), expected_gpu_hours=expected)
+    return None
+
+
+def rule_shape(ctx: AdmitContext) -> Refusal | None:
+    """The resolved job (paths confined, inherited values too) matches the campaign's pinned shape."""
+    c, cand = ctx.control, ctx.cand
+    ctx.run_id = c._next_run_id(ctx.state, ctx.request)
+    run_dir = c.run_dir(ctx.run_id)
+    c.gen.confine(cand.changes, run_dir, c.workdir)  # inherited values too (a leader's)
+    ctx.job = c.gen.resolve(cand, run_dir, c.workdir)
+    problems = c.gen.check_shape(ctx.job, ctx.request.profile)
+    if problems:
+        return Refusal("shape", "the job does not match the campaign's pinned shape: " + "; ".join(problems))
+    return None
+
+
+# The admission of a launch request, in order: the first rule that refuses decides. Rules may also
+# raise RunGenError (a path outside the run's directory, a bad base): a refusal with its code.
+ADMISSION_RULES: tuple[AdmissionRule, ...] = (
+    rule_started, rule_paths_confined, rule_concurrency, rule_calibration, rule_search_request,
+    rule_search_open, rule_search_candidate, rule_one_lever, rule_gate, rule_code_locations, rule_identical,
+    rule_budget, rule_shape,
+)

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 DEFAULT_BAND_FLOOR = 0.03
 DEFAULT_BAND_K_SIGMA = 3.0
 SECONDS_PER_HOUR = 3600.0
+EARLY_ABORT_FRACTION = 0.9  # a black-box tuner's run is pruned below 0.9 x the leader ...
+EARLY_ABORT_STEPS = 4  # ... once this many measured steps have run
 
 
 def window_iterations(start_step: int, end_step: int) -> range:
@@ -43,6 +45,52 @@ def windowed_throughput(tokens: Sequence[float], step_times_s: Sequence[float], 
     if total_time <= 0 or any(t <= 0 or not math.isfinite(t) for t in step_times_s):
         raise ValueError("step times must be positive and finite")
     return math.fsum(tokens) / (gpus * total_time)
+
+
+def window_step_times(step_times_ms: Mapping[int, float | None], window: tuple[int, int]) -> list[float]:
+    """The step times (seconds) logged so far inside the window, in order: `step_times_ms` maps the
+    logged iteration (1-based) to its step time in ms; steps without a positive time are skipped."""
+    its = window_iterations(*window)
+    times = (step_times_ms[i] for i in sorted(step_times_ms) if i in its)
+    return [t / 1000.0 for t in times if t is not None and t > 0]
+
+
+def partial_throughput(step_times_ms: Mapping[int, float | None], window: tuple[int, int], tokens_per_step: float,
+                       gpus: int) -> tuple[float, int] | None:
+    """(tokens/s/GPU over the window's steps logged so far, how many), or None before the first one."""
+    times = window_step_times(step_times_ms, window)
+    if not times:
+        return None
+    return windowed_throughput([float(tokens_per_step)] * len(times), times, gpus), len(times)
+
+
+@dataclass(frozen=True)
+class EarlyAbort:
+    """The early-abort pruner (Optuna's pruner shape): given a run's intermediate values so far (its
+    throughput over the measured steps logged, and how many) and the floor set from the leader when
+    it launched, say whether to stop it now.
+
+    `floor(leader)` is what a black-box tuner's launch records (`prune_below`); `prune(partial, floor)`
+    is what the broker's watchdog asks while the run is going."""
+
+    fraction: float = EARLY_ABORT_FRACTION
+    min_steps: int = EARLY_ABORT_STEPS
+
+    def floor(self, leader_tokens_per_s_per_gpu: float) -> float:
+        return leader_tokens_per_s_per_gpu * self.fraction
+
+    def prune(self, partial: tuple[float, int] | None, floor: float | None) -> bool:
+        if floor is None or partial is None:
+            return False
+        value, steps = partial
+        return steps >= self.min_steps and value < floor
+
+    def reason(self, partial: tuple[float, int], floor: float) -> str:
+        return (f"early abort: {partial[0]:.6g} tokens/s/GPU over {partial[1]} measured steps, below the threshold "
+                f"{floor:.6g}")
+
+
+PRUNER = EarlyAbort()
 
 
 @dataclass(frozen=True)

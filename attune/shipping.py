@@ -34,31 +34,28 @@ broker that restarts (or a campaign resumed days later) carries on where it stop
    invalid), ends failed: a `campaign_failed` row with the reason, and `evidence.json` says
    `"complete": false` with the reasons. `attune tune` exits non-zero on it.
 
-`advance(control)` takes one step and returns the admission of a run to submit (the broker submits
-it), or None. `record_final_run` is called by `Control.finish` when a check or re-measurement run
-ends, under the campaign lock.
+This module is the policy alone: pure functions of the campaign's state (folded from the ledger)
+that say what is due and what to do next (`plan` returns an `Action`: wait, launch a check or a
+re-measurement run of a recipe, judge a finished check run, record a finished re-measurement, ship a
+recipe, fail, done), and the rows those steps write (`remeasurement_row`, `shipped_row`, `failed_row`,
+`evidence`). It imports nothing of the control plane that runs it: `attune.shipper` executes the
+actions (admits runs through `Control`, runs the gate on a check run's logs, appends the rows,
+writes `shipped/`).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import shlex
 import statistics
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from attune.campaign import campaign_lock
-from attune.campaign_paths import RUN_JOB, RUN_LOG, SHIPPED_DIR, SHIPPED_EVIDENCE
+from attune.campaign_paths import SHIPPED_DIR  # noqa: F401 - shipping.SHIPPED_DIR, as callers read it
 from attune.measure import beats, gain
-from attune.rungen import Changes, render_value, substitute
+from attune.rungen import Changes
 from attune.state import CampaignState, RunState
-
-if TYPE_CHECKING:
-    from attune.launch import Admission, Control
+from attune.vocab import RunKind, RunOutcome
 
 MAX_CANDIDATES = 3
 REPEATS = 2
@@ -68,10 +65,11 @@ MAX_REFERENCE_ATTEMPTS = 2
 
 @dataclass(frozen=True)
 class Action:
-    """The next step: wait, launch a check or re-measurement run of a recipe, ship a recipe, or done."""
+    """The next step: wait, launch a check or re-measurement run of a recipe, judge a finished check
+    run or record a finished re-measurement run, ship a recipe, or done."""
 
-    kind: str  # wait | not_due | check | remeasure | ship | done | fail (record the failure) | failed
-    of: str | None = None  # "baseline" or a run id
+    kind: str  # wait | not_due | check | remeasure | judge | record | ship | done | fail (record it) | failed
+    of: str | None = None  # "baseline" or a run id (judge, record: the finished check or re-measurement run)
     reason: str = ""
 
 
@@ -88,7 +86,7 @@ def candidates(state: CampaignState, limit: int = MAX_CANDIDATES) -> list[RunSta
     if cal is None:
         return []
     good = [r for r in state.runs.values()
-            if r.kind == "search" and r.status == "finished" and r.outcome == "ok" and r.valid
+            if r.kind == RunKind.SEARCH and r.status == "finished" and r.outcome == RunOutcome.OK and r.valid
             and r.tokens_per_s_per_gpu is not None and beats(r.tokens_per_s_per_gpu, cal.mean, cal.band)]
     good.sort(key=lambda r: (-float(r.tokens_per_s_per_gpu or 0.0), r.admitted_seq or 0))
     return good[:limit]
@@ -99,7 +97,7 @@ def _runs_of(state: CampaignState, kind: str, of: str) -> list[RunState]:
 
 
 def _baseline_checks(state: CampaignState) -> list[RunState]:
-    return [r for r in _runs_of(state, "check", "baseline") if r.status == "finished" and r.outcome == "ok"]
+    return [r for r in _runs_of(state, RunKind.CHECK, "baseline") if r.status == "finished" and r.outcome == RunOutcome.OK]
 
 
 def reference_run(state: CampaignState) -> RunState | None:
@@ -160,7 +158,7 @@ def next_remeasure(state: CampaignState) -> str | None:
         return None
     values = remeasured(state)
     counts = Counter({k: len(v) for k, v in values.items()})
-    attempts = Counter(r.base_run_id for r in state.runs.values() if r.kind == "remeasure")
+    attempts = Counter(r.base_run_id for r in state.runs.values() if r.kind == RunKind.REMEASURE)
     band = state.calibration.band if state.calibration else 0.0
 
     refused = {x.get("of") for x in state.refusals if x.get("kind") == "remeasure"}
@@ -183,9 +181,35 @@ def next_remeasure(state: CampaignState) -> str | None:
     return None
 
 
+def unjudged_check(state: CampaignState) -> RunState | None:
+    """A candidate's check run that finished and has no `check_run` verdict row yet (the baseline's own
+    check runs are the reference and its replicates: they get none)."""
+    judged = {c.get("run_id") for c in state.checks}
+    for r in state.runs.values():
+        if r.kind == RunKind.CHECK and r.base_run_id != "baseline" and r.status == "finished" and r.run_id not in judged:
+            return r
+    return None
+
+
+def unrecorded_remeasurement(state: CampaignState) -> RunState | None:
+    """A re-measurement run that finished with a measurement and has no `remeasurement` row yet."""
+    recorded = {x.get("run_id") for x in state.remeasurements}
+    for r in state.runs.values():
+        if (r.kind == RunKind.REMEASURE and r.status == "finished" and r.outcome == RunOutcome.OK and r.tokens_per_s_per_gpu is not None
+                and r.run_id not in recorded):
+            return r
+    return None
+
+
+def remeasurement_row(run: RunState) -> dict[str, Any]:
+    """The `remeasurement` row of a finished re-measurement run."""
+    return {"run_id": run.run_id, "recipe_of": run.base_run_id, "tokens_per_s_per_gpu": run.tokens_per_s_per_gpu,
+            "valid": bool(run.valid), "invalid_reasons": run.invalid_reasons}
+
+
 def _calibration_problem(state: CampaignState) -> str:
-    cal_runs = [r for r in state.runs.values() if r.kind == "calibration"]
-    bad = [r for r in cal_runs if r.status == "finished" and not (r.outcome == "ok" and r.valid)]
+    cal_runs = [r for r in state.runs.values() if r.kind == RunKind.CALIBRATION]
+    bad = [r for r in cal_runs if r.status == "finished" and not (r.outcome == RunOutcome.OK and r.valid)]
     why = ""
     if bad:
         last = bad[-1]
@@ -203,9 +227,9 @@ def remeasure_problems(state: CampaignState) -> list[str]:
     for recipe in sorted(set(remeasure_order(state))):
         if remeasured(state).get(recipe):
             continue
-        runs = [r for r in state.runs.values() if r.kind == "remeasure" and r.base_run_id == recipe]
+        runs = [r for r in state.runs.values() if r.kind == RunKind.REMEASURE and r.base_run_id == recipe]
         outcomes = Counter(r.outcome or "?" for r in runs)
-        invalid = [r for r in runs if r.outcome == "ok" and not r.valid]
+        invalid = [r for r in runs if r.outcome == RunOutcome.OK and not r.valid]
         detail = ", ".join(f"{n} {o}" for o, n in sorted(outcomes.items())) or "no run admitted"
         last = runs[-1] if runs else None
         why = ""
@@ -223,6 +247,12 @@ def plan(state: CampaignState) -> Action:
         return Action("failed", reason=str(state.failed.get("reason")))
     if not is_due(state):
         return Action("not_due", reason="the campaign has not stopped")
+    pending = unjudged_check(state)
+    if pending is not None:
+        return Action("judge", pending.run_id, f"the gate's verdict on check run {pending.run_id}")
+    pending = unrecorded_remeasurement(state)
+    if pending is not None:
+        return Action("record", pending.run_id, f"the re-measurement of {pending.base_run_id} by {pending.run_id}")
     if state.in_flight:
         return Action("wait", reason="runs in flight: " + ", ".join(r.run_id for r in state.in_flight))
     if state.calibration is None:
@@ -238,11 +268,11 @@ def plan(state: CampaignState) -> Action:
         ref = reference_run(state)
         unlaunchable = {x.get("of") for x in state.refusals if x.get("kind") == "check"}
         if ref is None:
-            if "baseline" in unlaunchable or len(_runs_of(state, "check", "baseline")) >= MAX_REFERENCE_ATTEMPTS:
+            if "baseline" in unlaunchable or len(_runs_of(state, RunKind.CHECK, "baseline")) >= MAX_REFERENCE_ATTEMPTS:
                 return Action("ship", "baseline", "the baseline's own check run could not be run: no reference curve")
             return Action("check", "baseline", "the baseline's reference curve for the convergence check")
         done_reps = len(replicate_runs(state))
-        failed = len(_runs_of(state, "check", "baseline")) - 1 - done_reps
+        failed = len(_runs_of(state, RunKind.CHECK, "baseline")) - 1 - done_reps
         if done_reps < state.replicate_check_runs and failed < MAX_REFERENCE_ATTEMPTS:
             return Action("check", "baseline", f"replicate check run {done_reps + 1} of {state.replicate_check_runs} of "
                           "the baseline: the noise envelope of the convergence check")
@@ -268,11 +298,11 @@ def plan(state: CampaignState) -> Action:
 def status(state: CampaignState) -> dict[str, Any]:
     """Where shipping stands, for `attune tune`, the broker's campaign status and the demo."""
     a = plan(state)
-    phase = {"not_due": "searching", "wait": "waiting", "check": "checking", "ship": "checking",
-             "remeasure": "remeasuring", "done": "done", "fail": "failed", "failed": "failed"}[a.kind]
+    phase = {"not_due": "searching", "wait": "waiting", "check": "checking", "ship": "checking", "judge": "checking",
+             "remeasure": "remeasuring", "record": "remeasuring", "done": "done", "fail": "failed", "failed": "failed"}[a.kind]
     if a.kind == "wait" and state.shipped is not None:
         phase = "remeasuring"
-    elif a.kind == "wait" and not any(r.kind == "search" for r in state.in_flight):
+    elif a.kind == "wait" and not any(r.kind == RunKind.SEARCH for r in state.in_flight):
         phase = "checking" if state.shipped is None else "remeasuring"
     elif a.kind == "wait":
         phase = "searching"
@@ -296,305 +326,54 @@ def ended(state: CampaignState) -> bool:
     return plan(state).kind in ("done", "fail", "failed")
 
 
-# ------------------------------------------------------------------------------------- checks
+# ------------------------------------------------------------------------------------- rows
 
 
-def _job_env(control: Control, run_id: str) -> dict[str, str]:
-    try:
-        return dict(control.job_doc(run_id).get("env") or {})
-    except (OSError, ValueError):
-        return {}
-
-
-def evaluate_check(control: Control, state: CampaignState, run: RunState, ref: RunState | None) -> dict[str, Any]:
-    """The gate's verdict on one candidate's check run, against the baseline's reference run."""
-    from attune.launch import load_gate_list
-    from gate.config_check import check_resolved
-    from gate.convergence import loss_deviation
-    from gate.judge import judge
-    from gate.lists import ListError
-    from gate.noise import config_for, precision_of
-
-    data: dict[str, Any] = {"run_id": run.run_id, "candidate_run_id": run.base_run_id,
-                            "baseline_check_run_id": ref.run_id if ref else None}
-    if run.outcome != "ok":
-        return {**data, "passed": False, "reason": f"the check run did not finish well ({run.outcome}: {run.reason})"}
-    if ref is None:
-        return {**data, "passed": False, "reason": "no reference run of the baseline"}
-    cand_log = control.run_dir(run.run_id) / RUN_LOG
-    ref_log = control.run_dir(ref.run_id) / RUN_LOG
-    try:
-        loaded = load_gate_list(control.spec, control.dir, state.list_sha256)
-    except (ListError, OSError) as exc:
-        return {**data, "passed": False, "reason": f"the correctness list cannot be used: {exc}"}
-    b_res, c_res = _resolved_args(state, ref_log), _resolved_args(state, cand_log)
-    if not c_res or not b_res:
-        l1: dict[str, Any] = {"passed": False, "summary": "no resolved arguments block in the check run's log",
-                              "refusals": []}
-    else:
-        r1 = check_resolved(loaded, b_res, c_res, _job_env(control, ref.run_id), _job_env(control, run.run_id))
-        l1 = {"passed": r1.passed, "summary": r1.summary(), "refusals": [x.model_dump() for x in r1.refusals],
-              "list_sha256": r1.list_sha256}
-    b_curve, c_curve = _losses(state, ref_log), _losses(state, cand_log)
-    noise_runs = [(r.run_id, "replicate", _losses(state, control.run_dir(r.run_id) / RUN_LOG))
-                  for r in replicate_runs(state)]
-    noise_runs += [(rid, "calibration", _losses(state, control.run_dir(rid) / RUN_LOG))
-                   for rid in state.calibration_run_ids]
-    g = judge(b_curve, c_curve, replicates=[x for x in noise_runs if x[2]],
-              noise_config=config_for(precision_of(b_res or {})))
-    r2, na = g.reference, g.noise_aware
-    conv = {"passed": g.passed, "summary": g.summary, "reasons": list(g.reasons),
-            "failed_checks": list(r2.failed_checks), "data_problems": list(r2.data_problems),
-            "n_steps": r2.n_steps, "deviation": loss_deviation(b_curve, c_curve),
-            "correlation": r2.checks.correlation.value if r2.checks else None,
-            "final_loss_rel_diff": r2.checks.final_loss.rel_diff if r2.checks else None,
-            "reference": {"passed": r2.passed, "summary": r2.summary()},
-            "excused": [e.model_dump() for e in g.excused],
-            "noise_aware": {"passed": na.passed, "summary": na.summary(), "failed_checks": list(na.failed_checks),
-                            "level_z": na.level.mean_z if na.level else None,
-                            "trend_z": na.trend.drift_z if na.trend else None,
-                            "outside": na.pointwise.outside if na.pointwise else None,
-                            "envelope": na.envelope.basis, "noise_runs": [x[0] for x in noise_runs if x[2]],
-                            "notes": list(na.notes)}}
-    passed = bool(l1["passed"] and conv["passed"])
-    reason = "passed both layers" if passed else "; ".join(
-        x for x in (None if l1["passed"] else f"layer 1: {l1['summary']}",
-                    None if conv["passed"] else f"convergence: {conv['summary']}") if x)
-    return {**data, "passed": passed, "reason": reason, "layer1": l1, "convergence": conv}
-
-
-def _losses(state: CampaignState, log: Path) -> dict[int, float | None]:
-    """A run's loss per iteration, read with the campaign's framework reader; empty if unreadable."""
-    from attune.metrics import read_losses
-
-    try:
-        return read_losses(log, state.framework or "megatron-lm")
-    except (OSError, ValueError):
-        return {}
-
-
-def _resolved_args(state: CampaignState, log: Path) -> dict[str, str]:
-    """A run's resolved arguments, read with the campaign's framework reader; empty if the log has none."""
-    from attune.metrics import read_resolved_args
-
-    try:
-        return read_resolved_args(log, state.framework or "megatron-lm")
-    except (OSError, ValueError):
-        return {}
-
-
-def record_final_run(control: Control, run_id: str) -> dict[str, Any]:
-    """Under the campaign lock, after `run_finished` and `measurement`: the check or re-measurement row."""
-    state = control.state()
-    run = state.runs[run_id]
-    if run.kind == "remeasure":
-        if run.outcome == "ok" and run.tokens_per_s_per_gpu is not None:
-            control.ledger.append("remeasurement", {"run_id": run_id, "recipe_of": run.base_run_id,
-                                                    "tokens_per_s_per_gpu": run.tokens_per_s_per_gpu,
-                                                    "valid": bool(run.valid), "invalid_reasons": run.invalid_reasons})
-            return {"remeasured": run.base_run_id}
-        return {"remeasured": None}
-    if run.base_run_id == "baseline":
-        return {"reference": True}
-    data = evaluate_check(control, state, run, reference_run(state))
-    control.ledger.append("check_run", data)
-    return {"check_passed": data["passed"]}
-
-
-# ------------------------------------------------------------------------------------- acting
-
-
-def advance(control: Control, backend: Any = None) -> Admission | None:
-    """Take the next shipping step. Returns an admitted run for the caller to submit, or None."""
-    state = control.state()
-    action = plan(state)
-    if action.kind in ("check", "remeasure"):
-        assert action.of is not None
-        decision = control.admit_final(action.kind, action.of)
-        return decision if decision.admitted else None
-    if action.kind == "ship":
-        assert action.of is not None
-        ship(control, action.of, action.reason, backend)
-    elif action.kind == "fail":
-        fail(control, action.reason, backend)
-    elif action.kind == "done":
-        path = control.dir / SHIPPED_DIR / SHIPPED_EVIDENCE
-        try:
-            complete = bool(json.loads(path.read_text()).get("remeasurement", {}).get("complete"))
-        except (OSError, ValueError):
-            complete = False
-        if not complete:
-            write_shipped(control, control.state(), backend)
-    return None
-
-
-def ship(control: Control, run_id: str, reason: str, backend: Any = None) -> None:
-    with campaign_lock(control.dir):
-        state = control.state()
-        if state.shipped is not None:
-            return
-        changes = _changes(state, run_id)
-        args, env = control.gen.apply(changes)
-        run = state.runs.get(run_id)
-        verdict = check_verdict(state, run_id) if run_id != "baseline" else None
-        control.ledger.append("shipped", {
-            "run_id": run_id,
-            "recipe": {"command": list(control.spec.baseline.command), "args": args, "env": env,
-                       "image": control.spec.baseline.image},
-            "changes": changes.as_dict(),
-            "tokens_per_s_per_gpu": run.tokens_per_s_per_gpu if run else (state.calibration.mean if state.calibration
-                                                                          else None),
-            "gain_at_search": (gain(run.tokens_per_s_per_gpu, state.calibration.mean)
-                               if run and run.tokens_per_s_per_gpu and state.calibration else 0.0),
-            "check_run_id": verdict.get("run_id") if verdict else None,
-            "candidates": [c.run_id for c in candidates(state)],
-            "reason": reason,
-        })
-    write_shipped(control, control.state(), backend)
-
-
-def fail(control: Control, reason: str, backend: Any = None) -> None:
-    """End the campaign failed: a `campaign_failed` row with the reason (once), and the evidence says so."""
-    with campaign_lock(control.dir):
-        state = control.state()
-        if state.failed is not None:
-            return
-        phase = "calibration" if state.calibration is None else "remeasurement"
-        control.ledger.append("campaign_failed", {"reason": reason, "phase": phase,
-                                                  "shipped": (state.shipped or {}).get("run_id")})
-    write_shipped(control, control.state(), backend)
-
-
-def _changes(state: CampaignState, run_id: str) -> Changes:
+def changes_of(state: CampaignState, run_id: str) -> Changes:
+    """The changes from the baseline of "baseline" (none) or of a search run."""
     if run_id == "baseline":
         return Changes()
     ch = state.runs[run_id].changes
     return Changes(dict(ch.get("args") or {}), dict(ch.get("env") or {}))
 
 
+def shipped_row(state: CampaignState, run_id: str, reason: str, recipe: dict[str, Any]) -> dict[str, Any]:
+    """The `shipped` row: `recipe` is the shipped command, arguments, environment and image."""
+    run = state.runs.get(run_id)
+    verdict = check_verdict(state, run_id) if run_id != "baseline" else None
+    cal = state.calibration
+    return {
+        "run_id": run_id,
+        "recipe": recipe,
+        "changes": changes_of(state, run_id).as_dict(),
+        "tokens_per_s_per_gpu": run.tokens_per_s_per_gpu if run else (cal.mean if cal else None),
+        "gain_at_search": gain(run.tokens_per_s_per_gpu, cal.mean) if run and run.tokens_per_s_per_gpu and cal else 0.0,
+        "check_run_id": verdict.get("run_id") if verdict else None,
+        "candidates": [c.run_id for c in candidates(state)],
+        "reason": reason,
+    }
+
+
+def failed_row(state: CampaignState, reason: str) -> dict[str, Any]:
+    """The `campaign_failed` row."""
+    phase = "calibration" if state.calibration is None else "remeasurement"
+    return {"reason": reason, "phase": phase, "shipped": (state.shipped or {}).get("run_id")}
+
+
 def _recipe_value(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def write_shipped(control: Control, state: CampaignState, backend: Any = None) -> Path | None:
-    """`shipped/`: the recipe as a runnable job (job.json, run.sh) and its correctness evidence."""
-    if state.shipped is None:
-        return None
-    out = control.dir / SHIPPED_DIR
-    out.mkdir(exist_ok=True)
-    run_id = str(state.shipped["run_id"])
-    spec = control.spec
-    changes = _changes(state, run_id)
-    cand = control.gen.candidate(changes, Changes(), False)
-    run_dir = out / "run"
-    job = control.gen.resolve(cand, run_dir, control.workdir)
-    python = interpreter(control, state, run_id)
-    if python is not None:
-        from dataclasses import replace
-
-        job = replace(job, argv=(python, *job.argv[1:]))
-    placeholders = control.gen.placeholders(Path("${RUN_DIR}"))
-    command = [substitute(a, placeholders) for a in spec.baseline.command]
-    args = {k: substitute(v, placeholders) if isinstance(v, str) else v
-            for k, v in {**cand.args, **control.gen.trusted_args(False)}.items()}
-    env = {**cand.env, **spec.control.stack_fixes.env}
-    _write(out / RUN_JOB, json.dumps({
-        "campaign": spec.name, "shipped": run_id, "changes": changes.as_dict(),
-        "argv": list(job.argv), "args": job.args, "env": job.env, "gpus": job.gpus,
-        "gpus_per_node": job.gpus_per_node, "image": job.image, "workdir": str(job.workdir),
-        "backend": spec.cluster.backend, "run_dir": str(run_dir),
-    }, indent=2, default=str) + "\n")
-
-    def q(x: str) -> str:
-        rest = x.replace("${RUN_DIR}", "")
-        if "${RUN_DIR}" in x and not any(c in rest for c in '"$`\\'):
-            return f'"{x}"'
-        return shlex.quote(x)
-
-    lines = [
-        "#!/bin/sh",
-        f"# The recipe attune shipped for campaign {spec.name}: {run_id}",
-        f"# Changes from the baseline: {_describe(changes) or 'none (the baseline ships)'}",
-        f"# {spec.cluster.gpus} GPU(s), {spec.cluster.gpus_per_node} per node; correctness evidence: evidence.json",
-        "# The run length is the campaign's measurement length: set the steps you need for training.",
-        "# Usage: RUN_DIR=/path/for/outputs sh run.sh",
-        "set -e",
-        'RUN_DIR="${RUN_DIR:-$(pwd)/run}"',
-        'mkdir -p "$RUN_DIR"',
-        f"cd {shlex.quote(str(control.workdir))}",
-    ]
-    lines += [f"export {k}={shlex.quote(str(v))}" for k, v in env.items()]
-    parts = [" ".join(q(a) for a in command)]
-    if python is not None:
-        lines += [PYTHON_COMMENT, f"PYTHON=${{PYTHON:-{_sh_word(python)}}}"]
-        parts = [" ".join(['"$PYTHON"'] + [q(a) for a in command[1:]])]
-    parts += [" ".join([flag] + [q(x) for x in render_value(v)]) for flag, v in args.items()
-              if v is not None and v is not False]
-    lines.append("exec " + " \\\n    ".join(parts))
-    _write(out / "run.sh", "\n".join(lines) + "\n", mode=0o755)
-    if backend is not None and spec.cluster.backend != "local":
-        from dataclasses import replace
-
-        js = replace(job, job_id=f"{spec.name}-shipped")
-        _write(out / f"job.{spec.cluster.backend}.sh", backend.render(js))
-    _write(out / SHIPPED_EVIDENCE, json.dumps(evidence(control, state), indent=2, default=str) + "\n")
-    return out
-
-
-PYTHON_COMMENT = "# The interpreter the campaign's measured runs used (set PYTHON to run with another):"
-
-
-def interpreter(control: Control, state: CampaignState, run_id: str) -> str | None:
-    """The interpreter the recipe's measured runs ran with, when the command starts with `python`, else None.
-
-    On the local backend a job's `python` is the workload's interpreter (spec `environment`: the control
-    plane wrote it into the job's argv), or else the broker's own (the local backend puts it first on
-    PATH). On a cluster the job's image is its environment, and its `python` stays as written."""
-    import shutil
-    import sys
-
-    cmd = control.spec.baseline.command
-    if control.spec.cluster.backend != "local" or not cmd or os.path.basename(cmd[0]) not in ("python", "python3"):
-        return None
-    measured = ([run_id] if run_id != "baseline" else []) + list(state.calibration_run_ids)
-    for rid in measured:
-        try:
-            argv = control.job_doc(rid).get("argv") or []
-        except (OSError, ValueError):
-            continue
-        if argv and os.path.isabs(str(argv[0])):
-            return str(argv[0])
-        break
-    if control.spec.environment is not None:
-        from attune import workenv
-
-        st = workenv.status(control.spec, control.dir)
-        return st.python if st.state == "ready" else None
-    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", os.defpath)])
-    found = shutil.which(cmd[0], path=path)
-    return os.path.abspath(found) if found else None
-
-
-def _sh_word(x: str) -> str:
-    """`x` inside ${VAR:-...} in an assignment: as is when it is a plain path, else single-quoted."""
-    import re
-
-    return x if re.fullmatch(r"[A-Za-z0-9._+/-]+", x) else shlex.quote(x)
-
-
-def evidence(control: Control, state: CampaignState) -> dict[str, Any]:
+def evidence(state: CampaignState, admitted_gate: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`shipped/evidence.json`: `admitted_gate` is layer 1's verdict when the shipped run was admitted."""
     shipped = state.shipped or {}
     run_id = str(shipped.get("run_id"))
     cal = state.calibration
     values = remeasured(state, valid_only=False)
     (bv, b_ok), (sv, s_ok) = recipe_values(state, "baseline"), recipe_values(state, run_id)
     base_v, ship_v = _recipe_value(bv), _recipe_value(sv)
-    admitted_gate = None
-    for row in control.ledger.rows():
-        if row.type == "launch_admitted" and row.data.get("run_id") == run_id:
-            admitted_gate = row.data.get("gate")
     ref = reference_run(state)
-    remeasure_done = next_remeasure(state) is None and not any(r.kind == "remeasure" for r in state.in_flight)
+    remeasure_done = next_remeasure(state) is None and not any(r.kind == RunKind.REMEASURE for r in state.in_flight)
     incomplete = []
     if cal is None:
         incomplete.append(_calibration_problem(state))
@@ -627,19 +406,3 @@ def evidence(control: Control, state: CampaignState) -> dict[str, Any]:
             "complete": not incomplete,
         },
     }
-
-
-def _describe(ch: Changes) -> str:
-    def show(v: object) -> str:
-        return "unset" if v is None else str(v)
-
-    parts = [f"{k}={show(v)}" for k, v in ch.args.items()] + [f"{k}={show(v)}" for k, v in ch.env.items()]
-    return ", ".join(parts)
-
-
-def _write(path: Path, text: str, mode: int | None = None) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    if mode is not None:
-        os.chmod(tmp, mode)
-    os.replace(tmp, path)

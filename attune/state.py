@@ -7,7 +7,11 @@ charge, throughput, verdict), the assumptions, the stop record and the shipped r
 
 `fold(rows)` rebuilds from scratch; `CampaignState.apply(row)` updates incrementally,
 and `Follower` keeps a state current by reading only the rows appended since its last
-refresh. The two give the same state (tests/test_state.py checks it as a property).
+refresh. The two give the same state (tests/test_state.py checks it as a property). The
+control plane reads its state through a Follower (`Follower.snapshot`): a call folds only
+the rows appended since the last one, by this process or another, and verifies only those
+(chain, MACs, anchor), after cheap checks that the part already read is unchanged (see
+`Follower`).
 
 Standard library only: the Stop and SessionStart hooks fold the ledger.
 
@@ -29,8 +33,12 @@ Budget arithmetic (GPU-hours):
 
 from __future__ import annotations
 
+import hashlib
+import os
+import threading
+import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +71,7 @@ class RunState:
     invalid_reasons: list[str] = field(default_factory=list)
     verdict: str | None = None
     admitted_seq: int | None = None
+    admitted_ts: str | None = None  # the admission row's time (ISO 8601)
     finished_seq: int | None = None
     recipe_key: str | None = None  # identity of the recipe (identical recipes are refused)
     base_run_id: str | None = None  # the run whose recipe the changes were applied to
@@ -171,6 +180,7 @@ class CampaignState:
     shipped: dict[str, Any] | None = None
     remeasurements: list[dict[str, Any]] = field(default_factory=list)
     failed: dict[str, Any] | None = None  # the campaign ended failed: no valid evidence (reason, phase)
+    budget_set_seq: int | None = None  # the `budget_set` row (recorded once, when calibration completes)
     last_seq: int = -1
     last_hash: str = ledger_mod.GENESIS
 
@@ -264,6 +274,8 @@ class CampaignState:
         self.search_rules = "off" if d.get("search_rules") == "off" else "enforced"
 
     def _on_budget_set(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
+        if self.budget_set_seq is None:
+            self.budget_set_seq = row.seq
         self.budget.total = float(d["gpu_hours"])
         if d.get("reserve_gpu_hours") is not None:
             self.budget.reserve = float(d["reserve_gpu_hours"])
@@ -279,6 +291,7 @@ class CampaignState:
             expected_gpu_hours=float(d["expected_gpu_hours"]),
             profile=bool(d.get("profile", False)),
             admitted_seq=row.seq,
+            admitted_ts=row.ts,
             recipe_key=d.get("recipe_key"),
             base_run_id=d.get("base_run_id"),
             retry_of=d.get("retry_of"),
@@ -361,7 +374,7 @@ class CampaignState:
         self.leader_run_id = d["run_id"]
         self.leader_tokens_per_s_per_gpu = float(d["tokens_per_s_per_gpu"])
         if d["run_id"] in self.runs:
-            self.runs[d["run_id"]].verdict = Verdict.LEADER
+            self._run(d["run_id"], row).verdict = Verdict.LEADER
 
     def _on_assumption_recorded(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
         self.assumptions.append({"seq": row.seq, "ts": row.ts, **d})
@@ -393,10 +406,22 @@ class CampaignState:
             self.failed = {"seq": row.seq, "ts": row.ts, **d}
 
     def _run(self, run_id: str, row: ledger_mod.Row) -> RunState:
+        """The run a row changes, copied first: a snapshot taken before (`copy`) keeps its own."""
         try:
-            return self.runs[run_id]
+            run = self.runs[run_id]
         except KeyError:
             raise ledger_mod.LedgerError(f"row {row.seq}: run {run_id!r} was never admitted") from None
+        run = self.runs[run_id] = replace(run)
+        return run
+
+    def copy(self) -> CampaignState:
+        """A snapshot that later `apply` calls leave alone (containers copied; runs are copied on
+        write by `apply`, so they are shared here)."""
+        return replace(
+            self, budget=replace(self.budget), calibration_values=list(self.calibration_values),
+            calibration_run_ids=list(self.calibration_run_ids), runs=dict(self.runs), refusals=list(self.refusals),
+            assumptions=list(self.assumptions), diagnoses=dict(self.diagnoses), checks=list(self.checks),
+            remeasurements=list(self.remeasurements))
 
     # ---- output --------------------------------------------------------------------
     def as_dict(self) -> dict[str, Any]:
@@ -459,19 +484,162 @@ def load(campaign_dir: Path | str, *, chain_only: bool = False) -> tuple[Campaig
     return fold(result.rows), result
 
 
-class Follower:
-    """Keeps a CampaignState current by reading only rows appended since the last refresh."""
+PREFIX_COPY_MAX = 64 * 2**20  # a Follower keeps a copy of a ledger up to this size (else its SHA-256)
+RACY_NS = 2_000_000_000  # a file changed this recently may change again with the same mtime (coarse clocks)
 
-    def __init__(self, campaign_dir: Path | str) -> None:
+
+class Follower:
+    """Keeps a CampaignState current by reading only rows appended since the last refresh.
+
+    Each refresh verifies the new rows as a full read does (hash chain from the last row read, MACs,
+    the anchor, the row data), after checking that what was read before is still there: the same
+    file (device and inode), no shorter, its last row read byte for byte the same, and (with
+    `verify_prefix`, the default) every byte read before unchanged (compared with a copy kept in
+    memory, or for a ledger over `PREFIX_COPY_MAX` bytes with their SHA-256): an edit anywhere in the
+    ledger is noticed at the next refresh. Any of those checks failing makes it re-read the
+    whole ledger from the start, which raises the classified LedgerError a full read raises (or, for
+    a harmless change a full read accepts, folds the state again). A refresh that finds the files
+    unchanged since the last one (the ledger, its anchor and its key: same size, inode, mtime and
+    ctime) reads nothing at all, provided the ledger had last changed more than `RACY_NS` before
+    that (file times tick coarsely: a change within the same tick would keep the same times).
+
+    Thread-safe: one lock around each refresh."""
+
+    def __init__(self, campaign_dir: Path | str, *, verify_prefix: bool = True) -> None:
         self.dir = Path(campaign_dir)
+        self.path = self.dir / ledger_mod.LEDGER_NAME
+        self.verify_prefix = verify_prefix
         self.state = CampaignState()
         self.offset = 0
         self.torn_tail: str | None = None
+        self.full_reads = 0  # how often it had to read the ledger from the start (after the first)
+        self._lock = threading.Lock()
+        self._stat: tuple[Any, ...] | None = None  # the files' stat at the last refresh (`_files`)
+        self._auth_files = (ledger_mod.anchor_path(self.dir), ledger_mod.key_path(self.dir))
+        self._ident: tuple[int, int] | None = None
+        self._last_line: tuple[int, bytes] | None = None  # (offset, bytes) of the last complete row read
+        self._digest = hashlib.sha256()  # of bytes [0, offset), once they are no longer kept
+        self._prefix: bytearray | None = bytearray()  # bytes [0, offset) while at most PREFIX_COPY_MAX
+
+    def _reset(self) -> None:
+        if self.offset or self.state.last_seq >= 0:
+            self.full_reads += 1
+        self.state = CampaignState()
+        self.offset = 0
+        self.torn_tail = None
+        self._ident = None
+        self._last_line = None
+        self._digest = hashlib.sha256()
+        self._prefix = bytearray()
+
+    def _prefix_intact(self, st: os.stat_result) -> bool:
+        """Whether the bytes read so far are still what they were (cheap checks first)."""
+        if self.offset == 0:
+            return True
+        if self._ident != (st.st_dev, st.st_ino) or st.st_size < self.offset:
+            return False
+        try:
+            with open(self.path, "rb") as fh:
+                if self._last_line is not None:
+                    at, line = self._last_line
+                    fh.seek(at)
+                    if fh.read(len(line)) != line:
+                        return False
+                if self.verify_prefix:
+                    fh.seek(0)
+                    if not self._same_prefix(fh):
+                        return False
+        except OSError:
+            return False
+        return True
+
+    def _same_prefix(self, fh: Any) -> bool:
+        """Whether the open file's first `offset` bytes are the ones read before."""
+        if self._prefix is not None:
+            return fh.read(self.offset) == self._prefix
+        h = hashlib.sha256()
+        left = self.offset
+        while left > 0:
+            chunk = fh.read(min(left, 1 << 20))
+            if not chunk:
+                return False
+            h.update(chunk)
+            left -= len(chunk)
+        return h.digest() == self._digest.digest()
 
     def refresh(self) -> CampaignState:
-        result = ledger_mod.read(self.dir, self.offset, self.state.last_seq + 1, self.state.last_hash)
-        for row in result.rows:
-            self.state.apply(row)
+        """The live state, current with the ledger (raises LedgerError as a full read does)."""
+        with self._lock:
+            return self._refresh()
+
+    def _refresh(self) -> CampaignState:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:  # no ledger: a campaign not started (a full read says the same)
+            if self.offset or self.state.last_seq >= 0:
+                self._reset()
+            self._stat = None
+            return self.state
+        key = self._files(st)
+        if key == self._stat:
+            return self.state
+        for _ in range(3):
+            if not self._prefix_intact(st):
+                self._reset()
+            if self._read_new(st):
+                settled = max(st.st_mtime_ns, st.st_ctime_ns) < time.time_ns() - RACY_NS
+                self._stat = key if settled and self.offset == st.st_size and self.torn_tail is None else None
+                return self.state
+            self._reset()  # the file changed between two reads of it: read it all again
+            st = os.stat(self.path)
+            key = self._files(st)
+        raise ledger_mod.LedgerError(f"{self.path} keeps changing under its reader", "corrupt")
+
+    def _files(self, st: os.stat_result) -> tuple[Any, ...]:
+        """What a refresh compares to know nothing changed: the ledger's, the anchor's and the key's
+        stat (a changed anchor or key is read and checked, as a full read would)."""
+        out: list[Any] = [(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)]
+        for p in self._auth_files:
+            try:
+                a = os.stat(p)
+                out.append((a.st_ino, a.st_size, a.st_mtime_ns, a.st_ctime_ns))
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
+    def _read_new(self, st: os.stat_result) -> bool:
+        """Verify and fold the rows after `offset`; False if the bytes changed between two reads."""
+        try:
+            result = ledger_mod.read(self.dir, self.offset, self.state.last_seq + 1, self.state.last_hash)
+        except ledger_mod.LedgerError:
+            if self.offset == 0:
+                raise
+            self._reset()  # the classified error of a full read, whatever the incremental one saw
+            result = ledger_mod.read(self.dir)
+        if result.rows:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                new = fh.read(result.end_offset - self.offset)
+            if len(new) != result.end_offset - self.offset:
+                return False
+            if self._prefix is None:
+                self._digest.update(new)
+            else:
+                self._prefix += new
+                if len(self._prefix) > PREFIX_COPY_MAX:  # from now on its digest
+                    self._digest, self._prefix = hashlib.sha256(self._prefix), None
+            cut = new.rfind(b"\n", 0, len(new) - 1) + 1
+            self._last_line = (self.offset + cut, new[cut:])
+            for row in result.rows:
+                self.state.apply(row)
         self.offset = result.end_offset
         self.torn_tail = result.torn_tail
-        return self.state
+        self._ident = (st.st_dev, st.st_ino)
+        return True
+
+    def snapshot(self) -> CampaignState:
+        """A copy of the current state that later refreshes leave alone, for callers that compare a
+        state before and after an action (its containers are its own; its RunState objects are shared
+        and copied on write by `apply`: read them, do not change them)."""
+        with self._lock:
+            return self._refresh().copy()

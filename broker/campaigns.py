@@ -20,7 +20,8 @@ from typing import Any
 
 from attune.campaign import record_assumption, record_stop
 from attune.campaign_paths import LEDGER_FILE, RUN_KILL_FILE, RUN_LOG
-from attune.launch import EARLY_ABORT_STEPS, Admission, Control, JobFacts, LaunchRequest
+from attune.launch import Admission, Control, JobFacts, LaunchRequest
+from attune.measure import PRUNER, partial_throughput
 from attune.state import CampaignState, RunState
 from attune.vocab import STOPPED_OUTCOMES, RunOutcome
 from broker.backends import get_backend
@@ -150,13 +151,13 @@ class CampaignHandle:
 
     def advance_shipping(self) -> list[str]:
         """After the stop: the control plane's shipping step (checks, ship, final re-measurement)."""
-        from attune import shipping
+        from attune import shipper, shipping
 
         state = self.control.state()
         if not shipping.is_due(state) or state.in_flight:
             return []
         before = state.shipped
-        decision = shipping.advance(self.control, self.backend)
+        decision = shipper.advance(self.control, self.backend)
         if decision is not None:
             out = self._submit(decision, decision.as_dict())
             return [f"shipping: {decision.kind} run {decision.run_id} submitted={out.get('submitted')}"]
@@ -204,10 +205,8 @@ class CampaignHandle:
                 return events + [self._kill(run, RunOutcome.HANG, detail, idle)]
             if run.prune_below is not None:
                 partial = self.partial_throughput(run.run_id)
-                if partial is not None and partial[1] >= EARLY_ABORT_STEPS and partial[0] < run.prune_below:
-                    detail = (f"early abort: {partial[0]:.6g} tokens/s/GPU over {partial[1]} measured steps, below "
-                              f"the threshold {run.prune_below:.6g}")
-                    return events + [self._kill(run, RunOutcome.PRUNED, detail, idle)]
+                if partial is not None and PRUNER.prune(partial, run.prune_below):
+                    return events + [self._kill(run, RunOutcome.PRUNED, PRUNER.reason(partial, run.prune_below), idle)]
         return events
 
     def _kill(self, run: RunState, why: str, detail: str, idle: float | None) -> str:
@@ -219,7 +218,6 @@ class CampaignHandle:
 
     def partial_throughput(self, run_id: str) -> tuple[float, int] | None:
         """(tokens/s/GPU over the measured steps logged so far, how many), for the early abort."""
-        from attune.measure import windowed_throughput
         from attune.metrics import MetricsInputError, get_parser
 
         path = self.control.run_dir(run_id) / RUN_LOG
@@ -230,12 +228,8 @@ class CampaignHandle:
         except (MetricsInputError, OSError):
             return None
         first, last = self.spec.workload.window
-        times = [parsed.steps[i].step_time_ms for i in sorted(parsed.steps) if first + 1 <= i <= last + 1]
-        times_s = [t / 1000.0 for t in times if t is not None and t > 0]
-        if not times_s:
-            return None
-        tokens = [float(self.spec.workload.tokens)] * len(times_s)
-        return windowed_throughput(tokens, times_s, self.spec.cluster.gpus), len(times_s)
+        times = {i: rec.step_time_ms for i, rec in parsed.steps.items()}
+        return partial_throughput(times, (first, last), float(self.spec.workload.tokens), self.spec.cluster.gpus)
 
     def _finish(self, run: RunState, st: JobStatus, idle: float | None = None) -> str:
         kill = self._kill_record(run.run_id) or {}
@@ -287,7 +281,7 @@ class CampaignHandle:
         return run
 
     def run_summary(self, run: RunState, live: bool = False) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(run).items() if k not in ("code_locations", "admitted_seq", "finished_seq")}
+        out = {k: v for k, v in asdict(run).items() if k not in ("code_locations", "admitted_seq", "admitted_ts", "finished_seq")}
         if live and run.status != "finished":
             st: JobStatus | None = None
             if run.backend_id is not None:
@@ -350,9 +344,8 @@ def _row_time(handle: CampaignHandle, run: RunState) -> float:
     """Epoch seconds of a run's admission row."""
     from datetime import datetime
 
-    for row in handle.control.ledger.rows():
-        if row.seq == run.admitted_seq:
-            return datetime.fromisoformat(row.ts).timestamp()
+    if run.admitted_ts is not None:
+        return datetime.fromisoformat(run.admitted_ts).timestamp()
     return time.time()
 
 

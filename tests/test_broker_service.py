@@ -198,7 +198,11 @@ def test_concurrent_launches_never_overrun_the_budget(served: Served) -> None:
                 status, res = c.call("POST", f"/v1/runs/{p['run_id']}/cancel")
                 assert status == 200 and res["outcome"] in ("cancelled", "ok")
         status, camp = c.call("GET", "/v1/campaign")
-    assert camp["in_flight"] == [] and camp["budget"]["in_flight_gpu_hours"] == 0
+    # The burst spent the budget: once nothing is in flight the monitor may start shipping at once (a
+    # re-measurement run of the baseline); no search run is left in flight and nothing else is counted.
+    shipping_runs = [r for r in camp["in_flight"] if r["kind"] in ("check", "remeasure")]
+    assert [r for r in camp["in_flight"] if r not in shipping_runs] == []
+    assert camp["budget"]["in_flight_gpu_hours"] == pytest.approx(sum(r["expected_gpu_hours"] for r in shipping_runs))
     print(f"30 concurrent launch requests decided in {elapsed:.2f} s: {codes.count('admitted')} admitted")
 
 

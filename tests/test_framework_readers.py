@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from attune import shipping
+from attune import shipper
 from attune.campaign_paths import run_log
 from attune.launch import Control
 from attune.metrics import MetricsInputError, read_losses, read_resolved_args
@@ -75,7 +75,7 @@ def test_shipping_reads_a_torchtitan_check_run_with_the_torchtitan_reader(tmp_pa
         run_log(d, rid).write_text(torchtitan_log(drift))
     ref = RunState("ref", RunKind.CHECK, status="finished", outcome=RunOutcome.OK, base_run_id="baseline")
     run = RunState("chk", RunKind.CHECK, status="finished", outcome=RunOutcome.OK, base_run_id="r002-step")
-    out = shipping.evaluate_check(control, state, run, ref)
+    out = shipper.evaluate_check(control, state, run, ref)
     conv = out["convergence"]
     # every step's torchtitan loss was read and paired by its step number: the drift is seen
     assert conv["n_steps"] == STEPS

@@ -41,6 +41,24 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
+@pytest.fixture(scope="module")
+def foldable_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same shape (row 3 a run_finished, ROWS rows), with every finished run admitted first."""
+    d = tmp_path_factory.mktemp("tmpl") / "camp"
+    d.mkdir()
+    led = Ledger(d)
+    led.append("campaign_started", {"name": "t", "spec_sha256": "0" * 64, "gpus": 8})
+    for i in range(1, ROWS):
+        if i % 3 == 0:
+            led.append("run_finished", {"run_id": f"r{i:03d}", "outcome": "ok", "charge_gpu_hours": 0.5})
+        elif i % 3 == 2:
+            led.append("launch_admitted", {"run_id": f"r{i + 1:03d}", "kind": "search", "expected_gpu_hours": 0.5,
+                                           "text": f"row {i}"})
+        else:
+            led.append("diagnosis_recorded", {"text": f"row {i}"})
+    return d
+
+
 def _copy(template: Path, where: Path) -> Path:
     where.mkdir()
     shutil.copy(template / LEDGER_NAME, where / LEDGER_NAME)
@@ -174,6 +192,26 @@ def test_every_tampering_is_detected_and_named(template: Path, tmp_path: Path, n
     if kind not in ("key_missing", "anchor_missing", "corrupt", "out_of_order", "altered") and "MACs of" not in name:
         with pytest.raises(LedgerError):  # the control plane never extends a tampered ledger
             Ledger(d).append("diagnosis_recorded", {"text": "after"})
+
+
+@pytest.mark.parametrize("name", sorted(TAMPERINGS))
+def test_an_incremental_reader_that_read_the_ledger_before_detects_every_tampering(
+        foldable_template: Path, tmp_path: Path, name: str) -> None:
+    """The control plane's state reader (`state.Follower`) reads only new rows: a tampering of rows it
+    has already read is still detected at its next refresh, and named as a full read names it."""
+    from attune.state import Follower
+
+    tamper, kind = TAMPERINGS[name]
+    d = _copy(foldable_template, tmp_path / "c")
+    follower = Follower(d)
+    assert follower.refresh().last_seq == ROWS - 1 and follower.refresh().budget.charged == 0.5 * (ROWS // 3)
+    tamper(d, foldable_template)
+    if not (d / LEDGER_NAME).exists():
+        assert follower.refresh().last_seq == -1  # what a full read folds: nothing (verify says truncated)
+        return
+    with pytest.raises(LedgerError) as exc:
+        follower.refresh()
+    assert exc.value.kind == kind, (exc.value.kind, str(exc.value))
 
 
 def test_a_mid_file_truncation_is_not_reported_as_a_torn_line(template: Path, tmp_path: Path) -> None:

@@ -73,3 +73,33 @@ def test_throughput_scales_inversely_with_time(tokens: list[float], scale: float
     base = measure.windowed_throughput(tokens, times, gpus)
     slower = measure.windowed_throughput(tokens, [t * scale for t in times], gpus)
     assert slower == pytest.approx(base / scale, rel=1e-9)
+
+
+def test_the_window_of_a_partial_run_is_measure_s_window() -> None:
+    # Window steps 4..13 are iterations 5..14: iterations 1..4 are warm-up and never counted.
+    times = {i: 100.0 for i in range(1, 5)} | {5: 200.0, 6: 200.0, 7: None, 8: 0.0}
+    assert measure.window_step_times(times, (4, 13)) == [0.2, 0.2]
+    value, steps = measure.partial_throughput(times, (4, 13), tokens_per_step=1000, gpus=2)
+    assert steps == 2 and value == pytest.approx(2000 / (2 * 0.4))
+    assert measure.partial_throughput({1: 100.0, 2: 100.0}, (4, 13), 1000, 2) is None
+
+
+def test_the_early_abort_pruner_waits_for_its_steps_then_prunes_below_the_floor() -> None:
+    p = measure.PRUNER
+    assert p.min_steps == measure.EARLY_ABORT_STEPS == 4 and p.fraction == measure.EARLY_ABORT_FRACTION
+    floor = p.floor(1000.0)
+    assert floor == pytest.approx(900.0)
+    assert not p.prune((500.0, 3), floor)  # too few measured steps to judge
+    assert p.prune((500.0, 4), floor) and "500 tokens/s/GPU over 4 measured steps" in p.reason((500.0, 4), floor)
+    assert not p.prune((950.0, 10), floor)
+    assert not p.prune(None, floor) and not p.prune((1.0, 10), None)
+    strict = measure.EarlyAbort(fraction=0.99, min_steps=2)
+    assert strict.prune((950.0, 2), strict.floor(1000.0))
+
+
+def test_the_tuner_driver_and_the_broker_take_the_pruner_from_measure() -> None:
+    from attune.tuners import driver
+    from broker import campaigns
+
+    assert driver.EARLY_ABORT_STEPS is measure.EARLY_ABORT_STEPS and driver.PRUNER is measure.PRUNER
+    assert campaigns.PRUNER is measure.PRUNER and campaigns.partial_throughput is measure.partial_throughput

@@ -141,3 +141,30 @@ def test_third_repeat_when_two_repeats_disagree_by_more_than_the_band(tmp_path: 
     st.remeasurements = [{"recipe_of": "baseline", "tokens_per_s_per_gpu": 900.0, "valid": False}]
     assert shipping.next_remeasure(st) == "baseline"
     assert shipping.recipe_values(st, "baseline") == ([900.0], False)
+
+
+def test_the_policy_imports_nothing_of_the_control_plane_and_launch_nothing_of_shipping() -> None:
+    code = ("import sys, attune.shipping; bad = [m for m in ('attune.launch', 'attune.shipper', 'broker') "
+            "if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+    code = "import sys, attune.launch; assert 'attune.shipping' not in sys.modules and 'attune.shipper' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_a_finished_check_run_is_judged_and_a_remeasurement_recorded_before_anything_else() -> None:
+    from attune.state import CampaignState, RunState
+
+    st = CampaignState(name="c", stop={"seq": 1})
+    st.runs["r1-check"] = RunState("r1-check", "check", status="finished", outcome="ok", base_run_id="r0")
+    st.runs["r2-check"] = RunState("r2-check", "check", status="finished", outcome="ok", base_run_id="baseline")
+    a = shipping.plan(st)
+    assert (a.kind, a.of) == ("judge", "r1-check") and shipping.status(st)["phase"] == "checking"
+    st.checks.append({"run_id": "r1-check", "candidate_run_id": "r0", "passed": True})
+    assert shipping.plan(st).kind == "fail"  # judged; nothing else pending (no calibration here)
+    st.runs["r3-re"] = RunState("r3-re", "remeasure", status="finished", outcome="ok", base_run_id="baseline",
+                                tokens_per_s_per_gpu=900.0, valid=True)
+    a = shipping.plan(st)
+    assert (a.kind, a.of) == ("record", "r3-re")
+    assert shipping.remeasurement_row(st.runs["r3-re"]) == {
+        "run_id": "r3-re", "recipe_of": "baseline", "tokens_per_s_per_gpu": 900.0, "valid": True,
+        "invalid_reasons": []}

@@ -189,3 +189,59 @@ def test_init_and_status_cli(campaign_dir: Path) -> None:
     assert res.returncode == 2 and "changed after the campaign started" in res.stderr
     with pytest.raises(campaign.CampaignError):
         campaign.start(campaign_dir)
+
+
+def test_a_follower_folds_rows_another_process_appends_and_its_snapshots_stay_put(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    led = _fill(tmp_path, [100.0] * 5)
+    follower = state.Follower(tmp_path)
+    before = follower.snapshot()
+    again = follower.snapshot()
+    assert before.calibration is not None and again is not before and again.runs == before.runs
+    again.calibration_values.append(1.0)  # a caller's change to its copy stays there
+    assert follower.snapshot().calibration_values == [100.0] * 5
+    led.append("launch_admitted", {"run_id": "s1", "kind": "search", "expected_gpu_hours": 1.0})
+    admitted = follower.snapshot()
+    assert admitted is not before and admitted.runs["s1"].status == "admitted" and "s1" not in before.runs
+    writer = Path(__file__).resolve().parent / "ledger_writer.py"
+    subprocess.run([sys.executable, str(writer), str(tmp_path), "3", "10"], check=True, capture_output=True)
+    led.append("run_finished", {"run_id": "s1", "outcome": "ok", "charge_gpu_hours": 1.0})
+    after = follower.snapshot()
+    rebuilt, _ = state.load(tmp_path)
+    assert _snapshot(after) == _snapshot(rebuilt) and after.last_seq == before.last_seq + 5
+    assert after.runs["s1"].status == "finished" and admitted.runs["s1"].status == "admitted"  # copied on write
+    assert admitted.budget.in_flight == 1.0 and after.budget.in_flight == 0.0
+    assert follower.full_reads == 0
+
+
+def test_a_follower_rereads_a_ledger_replaced_by_a_valid_one(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    _fill(a, [100.0] * 2)
+    follower = state.Follower(a)
+    assert len(follower.refresh().calibration_values) == 2
+    # A harmless rewrite a full read accepts (the same rows, re-serialised with spaces): folded again.
+    path = a / ledger.LEDGER_NAME
+    path.write_bytes(b"".join(json.dumps(json.loads(x)).encode() + b"\n" for x in path.read_bytes().splitlines()))
+    assert len(follower.refresh().calibration_values) == 2 and follower.full_reads == 1
+
+
+@pytest.mark.parametrize("copy_max", [state.PREFIX_COPY_MAX, 0])
+def test_a_follower_notices_a_same_size_edit_of_a_row_it_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               copy_max: int) -> None:
+    """Two rows' MACs swapped: the file keeps its size and its last row; the rows read before are compared
+    (with a copy, or past PREFIX_COPY_MAX with their SHA-256) and a full read names the tampering."""
+    monkeypatch.setattr(state, "PREFIX_COPY_MAX", copy_max)
+    _fill(tmp_path, [100.0] * 3)
+    follower = state.Follower(tmp_path)
+    follower.refresh()
+    path = tmp_path / ledger.LEDGER_NAME
+    rows = [json.loads(x) for x in path.read_bytes().splitlines()]
+    rows[2]["mac"], rows[3]["mac"] = rows[3]["mac"], rows[2]["mac"]
+    path.write_bytes(b"".join(ledger.canonical(r) + b"\n" for r in rows))
+    with pytest.raises(ledger.LedgerError) as exc:
+        follower.refresh()
+    assert exc.value.kind == "rewritten"

@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from attune.measure import EARLY_ABORT_STEPS, PRUNER
 from attune.tuners.base import Candidate, Outcome, Tuner
 from attune.vocab import RECIPE_FAILURES, RunOutcome
 
-EARLY_ABORT_FRACTION = 0.9  # prune a run below 0.9 x the leader after 4 steady measured steps
-EARLY_ABORT_STEPS = 4
+__all__ = ["EARLY_ABORT_STEPS", "ControlPlane", "DriveResult", "drive"]  # the constant: attune.measure's
 
 
 class ControlPlane(Protocol):
@@ -77,7 +77,7 @@ def drive(
                     base = cp.baseline_tps()
                     tuner.tell(cand, Outcome(run_id=None, outcome=RunOutcome.OK, tokens_per_s_per_gpu=base, valid=True))
                     continue
-                prune = cp.leader_tps() * EARLY_ABORT_FRACTION if early_abort else None
+                prune = PRUNER.floor(cp.leader_tps()) if early_abort else None
                 if pool is None:
                     fut: cf.Future[Outcome] = cf.Future()
                     fut.set_result(cp.evaluate(cand, prune))
