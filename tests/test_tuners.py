@@ -222,3 +222,27 @@ def test_heuristic_late_outcome_of_another_lever_does_not_rule_out_the_lever_bei
     t.tell(a2, Outcome(run_id="r2", outcome="crash"))
     assert t.ruled_out.get("--a") == "two values did not beat the leader"
     assert "--context-parallel-size" not in t.ruled_out
+
+
+def test_heuristic_probes_every_parallel_degree_before_it_stops() -> None:
+    """Rule 4 at the stop: a degree whose move from the leader has no feasible layout (the coupler says
+    so) is probed from the baseline instead, once, before the tuner gives up."""
+    from attune.tuners.heuristic import HeuristicTuner
+
+    def couple(full: dict, lever: str, value: object) -> dict | None:
+        # CP 2 fits only with TP 1 (the baseline's TP); the leader moved to TP 2
+        if full.get("--context-parallel-size") == 2 and full.get("--tensor-model-parallel-size") != 1:
+            return None
+        return full
+
+    t = HeuristicTuner({"--tensor-model-parallel-size": [1, 2], "--context-parallel-size": [1, 2]},
+                       {"--tensor-model-parallel-size": 1}, couple=couple)
+    tp = t.ask()
+    assert tp is not None and tp.changes == {"--tensor-model-parallel-size": 2}
+    t.tell(tp, Outcome(run_id="r1", outcome="ok", tokens_per_s_per_gpu=2.0, valid=True, promoted=True))
+    asked = []
+    while (c := t.ask()) is not None:
+        asked.append(c.changes)
+        t.tell(c, Outcome(run_id=f"r{len(asked) + 1}", outcome="ok", tokens_per_s_per_gpu=1.0, valid=True))
+    # CP 2 from the leader (TP 2) is infeasible: the probe ran it from the baseline's layout, exactly once
+    assert asked.count({"--context-parallel-size": 2}) == 1

@@ -74,6 +74,8 @@ class HeuristicTuner(Tuner):
         self.keys = list(space) + list(self.extra)
         self.couple = couple
         self.measured: list[str] = []  # levers with at least one measured candidate
+        self.moved: dict[str, set[ArgValue]] = {}  # parallel degree -> the values launched candidates ran with
+        self.probed: set[str] = set()  # degrees rule 4's last check has probed
         self.restart = False  # a layout lever won: probe every lever again from the new leader
         # Rule 5's retry adds full recomputation (a Megatron memory saving) even where the space has no
         # recompute lever: the retry is part of the rule, not a search choice.
@@ -123,8 +125,8 @@ class HeuristicTuner(Tuner):
     def _full(self, changes: dict[str, ArgValue]) -> dict[str, ArgValue]:
         return {**{k: self.baseline.get(k) for k in self.keys}, **changes}
 
-    def _candidate(self, lever: str, value: ArgValue, why: str) -> Candidate | None:
-        full: dict[str, ArgValue] | None = {**self._full(self.leader), lever: value}
+    def _candidate(self, lever: str, value: ArgValue, why: str, origin: dict[str, ArgValue] | None = None) -> Candidate | None:
+        full: dict[str, ArgValue] | None = {**self._full(self.leader if origin is None else origin), lever: value}
         if self.couple is not None and full is not None:
             full = self.couple(full, lever, value)  # rule 2: a degree moves with the degrees it forces
         if full is None:
@@ -164,7 +166,7 @@ class HeuristicTuner(Tuner):
                 self._lever_iter = deque(self.order)
             if not self._lever_iter:
                 if not self.improved_this_pass or self.passes >= self.max_passes:
-                    return None
+                    return self._rule4_probe()
                 # Rule 6: the leader moved; re-test every lever (earlier winners first) on it.
                 self._start_pass()
                 self.ruled_out = {}
@@ -176,11 +178,36 @@ class HeuristicTuner(Tuner):
             self.failures[lever] = 0
             self.queue = deque((lever, v) for v in self._values_to_try(lever))
 
+    def _rule4_probe(self) -> Candidate | None:
+        """Rule 4's last check before the stop: a parallel degree of the space that no launched candidate
+        moved (its moves from the leader had no feasible layout, or its turn never came) is probed once,
+        from the leader if a layout allows it, else from the baseline."""
+        for lever in self.order:
+            if lever not in LAYOUT_FLAGS:
+                continue
+            base = self.baseline.get(lever)
+            base = 1 if base is None else base
+            if lever in self.probed or any(v != base for v in self.moved.get(lever, ())):
+                continue
+            for value in self.space[lever]:
+                if value == base or value is None:
+                    continue
+                why = "rule 4: every parallel degree probed before the stop"
+                cand = self._candidate(lever, value, why) or self._candidate(lever, value, why, origin={})
+                if cand is not None:
+                    self.probed.add(lever)
+                    return cand
+        return None
+
     def tell(self, candidate: Candidate, outcome: Outcome) -> None:
         tok: dict[str, Any] = candidate.token or {}
         lever = tok.get("lever", candidate.lever)
         if outcome.outcome != RunOutcome.REFUSED and lever not in self.measured:
             self.measured.append(lever)
+        if outcome.outcome not in (RunOutcome.REFUSED, RunOutcome.INFRASTRUCTURE, RunOutcome.CANCELLED):
+            full = self._full(candidate.changes)
+            for flag in LAYOUT_FLAGS & set(self.space):
+                self.moved.setdefault(flag, set()).add(1 if full.get(flag) is None else full.get(flag))
         if outcome.promoted:
             old = self._value(lever)
             self.leader = dict(candidate.changes)
