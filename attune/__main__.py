@@ -1,5 +1,5 @@
 import sys
 
-from attune.cli import main
+from attune.app.cli import main
 
 sys.exit(main())

@@ -25,9 +25,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from attune import ledger  # noqa: E402
-from attune.campaign import start  # noqa: E402
-from attune.state import fold  # noqa: E402
+from attune.control.campaign import start  # noqa: E402
+from attune.core import ledger  # noqa: E402
+from attune.core.state import fold  # noqa: E402
 from broker.client import BrokerClient  # noqa: E402
 from tests._broker_helpers import make_campaign, search  # noqa: E402
 

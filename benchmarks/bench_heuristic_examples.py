@@ -23,7 +23,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from attune.state import load  # noqa: E402
+from attune.core.state import load  # noqa: E402
 
 EXAMPLES = ROOT / "examples" / "campaigns"
 SIM = ["glm45-128xb200", "llama31-405b-128xb200", "mixtral-8x22b-128xh100", "minimax-m2-64xb200"]

@@ -33,8 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from attune.launch import Control, JobFacts  # noqa: E402
-from attune.ledger import Ledger  # noqa: E402
+from attune.control.plane import Control, JobFacts  # noqa: E402
+from attune.core.ledger import Ledger  # noqa: E402
 from tests._broker_helpers import make_campaign, search  # noqa: E402
 
 BUDGET = {"gpu_hours": 1e9, "reserve_gpu_hours": 1.0, "concurrency": 4}

@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from attune import state  # noqa: E402
-from attune.ledger import Ledger, verify  # noqa: E402
+from attune.core import state  # noqa: E402
+from attune.core.ledger import Ledger, verify  # noqa: E402
 
 
 def realistic_rows(n: int):  # noqa: ANN201 - a generator of (type, data)

@@ -20,8 +20,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from attune.layouts import find_model, layout_from_degrees, load_models  # noqa: E402
-from attune.memory_estimate import GIB, MemoryOptions, accelerator_gib, estimate  # noqa: E402
+from attune.knowledge.layouts import find_model, layout_from_degrees, load_models  # noqa: E402
+from attune.knowledge.memory_estimate import GIB, MemoryOptions, accelerator_gib, estimate  # noqa: E402
 
 
 @dataclass

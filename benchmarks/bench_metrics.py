@@ -71,7 +71,7 @@ def generate(path: Path, size_bytes: int, *, dense: bool, ranks: int) -> int:
 
 CHILD = """
 import json, resource, sys, time
-from attune.metrics import read_metrics
+from attune.readers.metrics import read_metrics
 r0 = resource.getrusage(resource.RUSAGE_SELF)
 t0 = time.perf_counter()
 m = read_metrics(sys.argv[1], framework="megatron-lm", gpus=int(sys.argv[2]), window=(4, 13))
@@ -85,7 +85,7 @@ print(json.dumps({"wall_s": wall, "cpu_s": cpu, "maxrss_kib": r1.ru_maxrss,
 
 BASELINE = """
 import json, resource
-from attune.metrics import read_metrics  # noqa: F401 - the import's own footprint
+from attune.readers.metrics import read_metrics  # noqa: F401 - the import's own footprint
 print(json.dumps({"maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
 """
 

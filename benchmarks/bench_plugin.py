@@ -34,8 +34,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from attune.ledger import Ledger  # noqa: E402
-from attune.plugin_servers import SERVERS  # noqa: E402
+from attune.core.ledger import Ledger  # noqa: E402
+from attune.core.plugin_servers import SERVERS  # noqa: E402
 
 
 def make_campaign(d: Path, rows: int) -> None:

@@ -3,9 +3,9 @@
 Runs the built-in tuners (heuristic, tpe, tpe-prefilter, random; `attune.tuners.registry`), three seeds
 each, on the GLM-4.5 (128 x B200, 1,880 GPU-hours) and MiniMax-M2 (64 x B200, 530 GPU-hours) example
 campaigns of examples/campaigns at the paper's budgets (Table D1), each campaign a whole `attune tune`
-through the production control plane: `attune.campaign_runner.CampaignRunner` with the broker in
-process (`broker.inprocess`: the broker's own handlers, `CampaignHandle`, `attune.launch.Control`,
-`attune.shipping`, the sim backend; its monitor step moves the simulated clock). Calibration, admission,
+through the production control plane: `attune.app.campaign_runner.CampaignRunner` with the broker in
+process (`broker.inprocess`: the broker's own handlers, `CampaignHandle`, `attune.control.plane.Control`,
+`attune.control.shipping`, the sim backend; its monitor step moves the simulated clock). Calibration, admission,
 the gate, charging, the early abort, promotion, the search rules, shipping with its check runs and the
 final re-measurement are the code that ships.
 
@@ -79,9 +79,9 @@ def campaign_copy(model: str, seed: int, infra_fault_rate: float, root: Path) ->
 
 def run_one(model: str, tuner: str, seed: int, infra_fault_rate: float, space: str, root: str) -> dict[str, Any]:
     """One whole campaign through `attune tune`'s runner, in process; its Table 3 figures."""
-    from attune import report
-    from attune.campaign_runner import CampaignRunner, RunnerError
-    from attune.state import load
+    from attune.app import report
+    from attune.app.campaign_runner import CampaignRunner, RunnerError
+    from attune.core.state import load
 
     t0 = time.perf_counter()
     d = campaign_copy(model, seed, infra_fault_rate, Path(root) / f"{model}-{tuner}-{seed}")

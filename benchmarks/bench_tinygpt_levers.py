@@ -1,6 +1,6 @@
 """Measure tinygpt's baseline and its structural levers on this machine (prints a table).
 
-Each configuration runs for real (torchrun, 14 steps) and is scored with attune.measure's windowed
+Each configuration runs for real (torchrun, 14 steps) and is scored with attune.core.measure's windowed
 throughput over steps 4-13 (iterations 5-14), from the trainer's --metrics-out file. The final loss is
 printed so that a lever which changed the objective would show. Slow: about 10 s per configuration
 on 2 idle cores. Usage: ``python benchmarks/bench_tinygpt_levers.py [--repeat N] [--only NAME ...]``.
@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from attune.measure import window_iterations, windowed_throughput  # noqa: E402
+from attune.core.measure import window_iterations, windowed_throughput  # noqa: E402
 
 TRAIN = ROOT / "examples" / "tinygpt" / "train.py"
 CONFIGS: dict[str, tuple[int, list[str]]] = {

@@ -31,10 +31,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from attune import ledger, report  # noqa: E402
-from attune.campaign import start  # noqa: E402
-from attune.campaign_runner import CampaignRunner  # noqa: E402
-from attune.state import fold, load  # noqa: E402
+from attune.app import report  # noqa: E402
+from attune.app.campaign_runner import CampaignRunner  # noqa: E402
+from attune.control.campaign import start  # noqa: E402
+from attune.core import ledger  # noqa: E402
+from attune.core.state import fold, load  # noqa: E402
 from attune.tuners.registry import BUILT_IN  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "campaigns" / "tinygpt-local" / "campaign.yaml"

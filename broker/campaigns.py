@@ -18,12 +18,12 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from attune.campaign import record_assumption, record_stop
-from attune.campaign_paths import LEDGER_FILE, RUN_KILL_FILE, RUN_LOG
-from attune.launch import Admission, Control, JobFacts, LaunchRequest
-from attune.measure import PRUNER, partial_throughput
-from attune.state import CampaignState, RunState
-from attune.vocab import STOPPED_OUTCOMES, RunOutcome
+from attune.control.campaign import record_assumption, record_stop
+from attune.control.plane import Admission, Control, JobFacts, LaunchRequest
+from attune.core.campaign_paths import LEDGER_FILE, RUN_KILL_FILE, RUN_LOG
+from attune.core.measure import PRUNER, partial_throughput
+from attune.core.state import CampaignState, RunState
+from attune.core.vocab import STOPPED_OUTCOMES, RunOutcome
 from broker.backends import get_backend
 from broker.backends.base import Backend, BackendError, BackendUnavailable, JobState, JobStatus
 from broker.files import FileAccessError, FileTree, Root, compile_pattern, read_lines, search_file, tail_lines
@@ -151,7 +151,7 @@ class CampaignHandle:
 
     def advance_shipping(self) -> list[str]:
         """After the stop: the control plane's shipping step (checks, ship, final re-measurement)."""
-        from attune import shipper, shipping
+        from attune.control import shipper, shipping
 
         state = self.control.state()
         if not shipping.is_due(state) or state.in_flight:
@@ -218,7 +218,7 @@ class CampaignHandle:
 
     def partial_throughput(self, run_id: str) -> tuple[float, int] | None:
         """(tokens/s/GPU over the measured steps logged so far, how many), for the early abort."""
-        from attune.metrics import MetricsInputError, get_parser
+        from attune.readers.metrics import MetricsInputError, get_parser
 
         path = self.control.run_dir(run_id) / RUN_LOG
         if not path.exists():

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from attune.campaign_paths import BROKER_LOG, BROKER_START_LOCK, CAMPAIGN_FILE
+from attune.core.campaign_paths import BROKER_LOG, BROKER_START_LOCK, CAMPAIGN_FILE
 from broker.service import BROKER_DIR, ENDPOINT_FILE, load_or_create_token
 
 DEFAULT_IDLE_EXIT_S = 1800.0

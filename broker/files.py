@@ -16,7 +16,7 @@ from typing import Any
 
 import re2
 
-from attune.containment import inside
+from attune.core.containment import inside
 
 MAX_LINES = 500  # lines per page
 MAX_BYTES = 64 * 1024  # bytes per page

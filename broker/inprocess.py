@@ -12,7 +12,7 @@ to the next event (a start, a logged step, an end), so a whole campaign runs as 
 plane can score it; the early abort and the hang watchdog see every step as they would over HTTP.
 
 The production control plane is the same: admission, the gate, the ledger, charging, promotion and
-shipping all run in `attune.launch.Control`, `attune.shipping` and `broker.campaigns.CampaignHandle`.
+shipping all run in `attune.control.plane.Control`, `attune.control.shipping` and `broker.campaigns.CampaignHandle`.
 This is how `attune tune` runs a built-in tuner on a simulated cluster, and how the simulator's tuner
 comparison (`benchmarks/bench_sim_tuners.py`) measures the production code.
 """
@@ -29,7 +29,7 @@ from typing import Any
 
 from starlette.routing import compile_path
 
-from attune.bounded import InputError, loads_json
+from attune.readers.bounded import InputError, loads_json
 from broker.campaigns import CampaignHandle
 from broker.service import MAX_BODY_BYTES, MAX_JSON_DEPTH, ROUTES, Broker, Handler, _serve_locks, build_broker
 

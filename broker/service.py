@@ -58,9 +58,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from attune.bounded import InputError, loads_json
-from attune.campaign import RecordError
-from attune.campaign_paths import (
+from attune.control.campaign import RecordError
+from attune.control.plane import ControlError
+from attune.control.spec import SpecError
+from attune.core.campaign_paths import (
     AUDIT_FILE,
     BROKER_DIR,
     BROKER_ENDPOINT,
@@ -69,9 +70,8 @@ from attune.campaign_paths import (
     CAMPAIGN_FILE,
     LEDGER_FILE,
 )
-from attune.launch import ControlError
-from attune.ledger import LedgerError
-from attune.spec import SpecError
+from attune.core.ledger import LedgerError
+from attune.readers.bounded import InputError, loads_json
 from broker import wire
 from broker.backends import get_backend
 from broker.backends.base import Backend, BackendError
@@ -444,7 +444,7 @@ def _health(c: Call) -> Reply:
 
 
 def shipping_status(s: Any) -> dict[str, Any]:
-    from attune import shipping
+    from attune.control import shipping
 
     return shipping.status(s)
 
@@ -556,7 +556,7 @@ def _assumption(c: Call) -> Reply:
 
 
 def _stop(c: Call) -> Reply:
-    from attune.campaign import StopRefused
+    from attune.control.campaign import StopRefused
 
     req = c.parse_body(wire.StopRequest)
     try:
@@ -569,7 +569,7 @@ def _stop(c: Call) -> Reply:
 
 
 def _diagnosis(c: Call) -> Reply:
-    from attune.campaign import record_diagnosis
+    from attune.control.campaign import record_diagnosis
 
     req = c.parse_body(wire.DiagnosisRequest)
     row = record_diagnosis(c.campaign.dir, req.run_id, req.diagnosis, req.bottleneck)
@@ -621,7 +621,7 @@ def build_broker(campaign_dirs: list[Path], state_dir: Path | None = None,
     for d in campaign_dirs:
         d = Path(d).resolve()
         try:
-            from attune.spec import load_spec
+            from attune.control.spec import load_spec
 
             spec = load_spec(d / CAMPAIGN_FILE)
             key = json.dumps([spec.cluster.backend, spec.cluster.backend_settings()], sort_keys=True, default=str)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from attune.core.vocab import RunOutcome, Verdict
 from attune.tuners.base import Candidate, Outcome, split_changes
-from attune.vocab import RunOutcome, Verdict
 from broker import wire
 from broker.client import BrokerClient
 

@@ -16,9 +16,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from attune.launch import LaunchRequest
-from attune.search_rules import STOP_RULE_CODES
-from attune.state import STOP_BLOCKER_CODES
+from attune.control.plane import LaunchRequest
+from attune.control.search_rules import STOP_RULE_CODES
+from attune.core.state import STOP_BLOCKER_CODES
 
 __all__ = [
     "Budget", "Calibration", "CampaignStatus", "CampaignSummary", "CancelAnswer", "CancelRequest", "Changes",

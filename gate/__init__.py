@@ -5,7 +5,7 @@
 - :mod:`gate.convergence`: layer 2, the convergence check of a 20-step loss curve.
 
 Training logs (losses by iteration, the resolved-arguments block) are read by the framework's reader
-in :mod:`attune.metrics` (`read_losses`, `read_resolved_args`).
+in :mod:`attune.readers.metrics` (`read_losses`, `read_resolved_args`).
 """
 
 from gate.config_check import ConfigCheckResult, check_recipe, check_resolved

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from attune import bounded
-from attune.metrics import read_losses, read_resolved_args
+from attune.readers import bounded
+from attune.readers.metrics import read_losses, read_resolved_args
 from gate import names
 
 MAX_CURVE_BYTES = 512 * 2**20  # a loss curve, or a training log read whole

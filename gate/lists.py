@@ -30,7 +30,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from attune import bounded
+from attune.readers import bounded
 from gate import names
 
 LISTS_DIR = Path(__file__).parent / "lists"

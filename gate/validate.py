@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from attune.metrics import read_losses, read_resolved_args
+from attune.readers.metrics import read_losses, read_resolved_args
 from gate import config_check, convergence, judge, lists, noise
 
 REPO = Path(__file__).resolve().parents[1]
@@ -392,11 +392,11 @@ def format_table(report: ValidationReport) -> str:
     return "\n".join(out)
 
 
-# ---------------------------------------------------------------- CLI (registered by attune.commands.gate)
+# ---------------------------------------------------------------- CLI (registered by attune.app.commands.gate)
 
 
 def register_cli(sub: Any) -> None:
-    from attune.output import add_json_flag
+    from attune.core.output import add_json_flag
 
     p = sub.add_parser("validate", help="validate the gate on tinygpt runs whose answer is known")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="training steps per run (default %(default)s)")
@@ -417,8 +417,8 @@ def register_cli(sub: Any) -> None:
 
 
 def _cli_validate(args: argparse.Namespace) -> int:
-    from attune.errors import EXIT_FAILED, EXIT_OK, UsageError
-    from attune.output import emit_json
+    from attune.core.errors import EXIT_FAILED, EXIT_OK, UsageError
+    from attune.core.output import emit_json
 
     if args.replicates < 0 or args.replicates > 10:
         raise UsageError("--replicates must be between 0 and 10")
@@ -470,8 +470,8 @@ def component_report(include_compile: bool = False) -> dict[str, Any]:
 
 
 def _cli_component(args: argparse.Namespace) -> int:
-    from attune.errors import EXIT_FAILED, EXIT_OK
-    from attune.output import emit_json
+    from attune.core.errors import EXIT_FAILED, EXIT_OK
+    from attune.core.output import emit_json
 
     rep = component_report(include_compile=args.compile)
     if args.json:

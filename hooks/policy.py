@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import posix
 
-from attune.campaign_paths import (  # stdlib only, no imports of its own
+from attune.core.campaign_paths import (  # stdlib only, no imports of its own
     BROKER_DIR,
     NOTES_DIR,
     PROTECTED_IN_CAMPAIGN,
 )
-from attune.containment import inside
+from attune.core.containment import inside
 from hooks import lightos as os  # os without `import os` (see hooks/lightos.py)
 from hooks import runtime, shell
 
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 SKILL_SCRIPTS = os.path.join("skills", "attune", "scripts")
-# PROTECTED_IN_CAMPAIGN (attune/campaign_paths.py): the campaign files no tool may write.
+# PROTECTED_IN_CAMPAIGN (attune/core/campaign_paths.py): the campaign files no tool may write.
 
 # Tools that read no files and write none, or only within the session's own bookkeeping.
 SAFE_TOOLS = frozenset({
@@ -555,7 +555,7 @@ class Policy:
         if tool in WEB_TOOLS:
             return deny(f"{tool} denied: web tools are off in a campaign session")
         if tool.startswith("mcp__"):
-            from attune import plugin_servers  # the one server list (imported only for MCP tools)
+            from attune.core import plugin_servers  # the one server list (imported only for MCP tools)
 
             prefix, servers = plugin_servers.TOOL_PREFIX, plugin_servers.SERVERS
             server, sep, name = tool[len(prefix):].partition("__") if tool.startswith(prefix) else ("", "", "")
@@ -567,7 +567,7 @@ class Policy:
                         "are used in a campaign session", tool)
         if tool == "ReadMcpResourceTool":
             server = str(tool_input.get("server", ""))
-            from attune import plugin_servers
+            from attune.core import plugin_servers
 
             if server in {f"plugin:{plugin_servers.PLUGIN}:{s}" for s in plugin_servers.SERVERS}:
                 return allow("a resource of attune's servers", server)
@@ -600,7 +600,7 @@ class Policy:
 def _ledger_keys_dirs() -> list[str]:
     """Where the broker keeps the ledger's HMAC keys (never readable or writable by the agent).
 
-    `attune.ledger.keys_dir()` takes `~` from the password database (a session with another $HOME
+    `attune.core.ledger.keys_dir()` takes `~` from the password database (a session with another $HOME
     still finds the keys); `$HOME`'s variant is denied too."""
     state = os.environ.get("XDG_STATE_HOME")
     if state:

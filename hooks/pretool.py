@@ -36,7 +36,7 @@ def _pick_default(question):
 def _ask_user(payload, campaign):
     import json
 
-    from attune import ledger
+    from attune.core import ledger
 
     tool_input = payload.get("tool_input") or {}
     questions = tool_input.get("questions") if isinstance(tool_input, dict) else None

@@ -28,7 +28,11 @@ from __future__ import annotations
 import sys
 import time
 
-from attune.campaign_paths import CAMPAIGN_FILE, HOOKS_LOG, POLICY_FILE  # stdlib only, no imports of its own
+from attune.core.campaign_paths import (  # stdlib only, no imports of its own
+    CAMPAIGN_FILE,
+    HOOKS_LOG,
+    POLICY_FILE,
+)
 from hooks import lightos as os  # os without `import os` (see hooks/lightos.py)
 
 TYPE_CHECKING = False  # no typing import at run time: hooks start on every tool call

@@ -193,7 +193,7 @@ def plugin_environment():
 
 
 def _decide(run):
-    from attune import state
+    from attune.core import state
     from hooks import runtime
 
     payload, campaign = run.payload, run.campaign

@@ -25,7 +25,7 @@ ROOT = os.path.dirname(HERE)
 EVENT = "Stop"
 
 
-RULE_HINTS = {  # the search rules' stop refusals (attune.search_rules), by code
+RULE_HINTS = {  # the search rules' stop refusals (attune.control.search_rules), by code
     "calibration_incomplete": "finish the baseline's calibration runs (campaign_status shows how many are missing)",
     "levers_not_run": "name in record_stop's levers_tested only levers that a finished search run changed",
     "rule4_lever_values": "try a second value of each listed lever (or its feasible limit) before ruling it out",
@@ -104,7 +104,7 @@ def _fail_headless_session(message):
 
 
 def _decide(run):
-    from attune import state
+    from attune.core import state
     from hooks import runtime
 
     payload, campaign = run.payload, run.campaign

@@ -33,7 +33,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field, ValidationError
 
-from attune.campaign_paths import CAMPAIGN_FILE
+from attune.core.campaign_paths import CAMPAIGN_FILE
 from broker import wire
 from broker.client import BrokerUnavailable, Endpoint, endpoint_for
 from broker.wire import CampaignStatus, Changes, LaunchResult, Value
@@ -69,8 +69,8 @@ def _campaign_dir() -> Path:
 
 
 def _started(d: Path) -> bool:
-    from attune.ledger import LedgerError
-    from attune.state import load
+    from attune.core.ledger import LedgerError
+    from attune.core.state import load
 
     try:
         return load(d)[0].name is not None
@@ -156,7 +156,7 @@ class WorkloadEnvironment(BaseModel):
 
 
 def _load_spec_or_fail() -> Any:
-    from attune.spec import SpecError, load_spec
+    from attune.control.spec import SpecError, load_spec
 
     d = _campaign_dir()
     if not (d / CAMPAIGN_FILE).is_file():
@@ -174,11 +174,11 @@ async def start_campaign() -> Started:
     campaign already started). A spec with problems comes back as an error listing every problem with
     its field path (fix campaign.yaml, then call it again). Also says whether the workload's Python
     environment is ready (see workload_environment)."""
-    from attune import campaign as campaign_mod
-    from attune import workenv
-    from attune.ledger import LedgerError
-    from attune.spec import SpecError
-    from attune.state import load
+    from attune.control import campaign as campaign_mod
+    from attune.control import workenv
+    from attune.control.spec import SpecError
+    from attune.core.ledger import LedgerError
+    from attune.core.state import load
 
     d = _campaign_dir()
     _load_spec_or_fail()
@@ -209,7 +209,7 @@ async def workload_environment(
     A launch is refused (code environment) until it is. With build=true, attune builds the environment
     the spec lists (environment.packages, e.g. PyTorch CPU) into its data directory in the background;
     call again to follow its progress until state is ready."""
-    from attune import workenv
+    from attune.control import workenv
 
     spec = _load_spec_or_fail()
     d = _campaign_dir()
@@ -428,7 +428,7 @@ async def ttb_best_known_recipe(
     """TrainingThroughputBench's fastest verified recipe for this campaign's model and accelerator, as a
     prior at campaign start. It was measured elsewhere (another cluster, stack or GPU count): try its
     changes as a hypothesis, but only this campaign's own measurement and gate count."""
-    from attune.spec import SpecError, load_spec
+    from attune.control.spec import SpecError, load_spec
     from attune.ttb.lookup import PRIOR_NOTE, best
 
     try:

@@ -36,7 +36,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field
 
-from attune.containment import inside
+from attune.core.containment import inside
 from gate import config_check, convergence, inputs, judge, lists, noise
 
 log = logging.getLogger("attune.gate_server")
@@ -303,7 +303,7 @@ def _log_precision(path: str | None) -> str:
     """The compute precision a baseline log's arguments block states; fp32 when there is none."""
     if path is None:
         return "fp32"
-    from attune.metrics import read_resolved_args
+    from attune.readers.metrics import read_resolved_args
 
     try:
         return noise.precision_of(read_resolved_args(_path(path), inputs.DEFAULT_FRAMEWORK))

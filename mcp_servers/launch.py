@@ -57,7 +57,7 @@ from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script (.mcp.json): the plugin root holds attune's server list
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from attune import plugin_servers  # noqa: E402 - after the path, when run as a script
+from attune.core import plugin_servers  # noqa: E402 - after the path, when run as a script
 
 SERVERS = {name: plugin_servers.module(name) for name in plugin_servers.SERVERS}
 MARKER = ".attune-ready"

@@ -31,14 +31,14 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field
 
-from attune import ledger as ledger_mod
-from attune import measure
-from attune import state as state_mod
-from attune.campaign_paths import CAMPAIGN_FILE, RUN_LOG, RUNS_DIR
-from attune.containment import inside
-from attune.metrics import DEFAULT_MAX_SPREAD, MetricsInputError, RunMetrics, read_metrics
-from attune.spec import CampaignSpec, SpecError, load_spec
-from attune.vocab import RunKind, RunOutcome, Verdict
+from attune.control.spec import CampaignSpec, SpecError, load_spec
+from attune.core import ledger as ledger_mod
+from attune.core import measure
+from attune.core import state as state_mod
+from attune.core.campaign_paths import CAMPAIGN_FILE, RUN_LOG, RUNS_DIR
+from attune.core.containment import inside
+from attune.core.vocab import RunKind, RunOutcome, Verdict
+from attune.readers.metrics import DEFAULT_MAX_SPREAD, MetricsInputError, RunMetrics, read_metrics
 
 log = logging.getLogger("attune.metrics_server")
 

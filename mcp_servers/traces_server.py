@@ -28,10 +28,10 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field
 
-from attune.campaign_paths import RUNS_DIR
-from attune.containment import inside
-from attune.traces import TraceInputError, TraceReport, analyze_paths, find_trace_files
-from attune.traces.models import Breakdown, NameTotal, Wait
+from attune.core.campaign_paths import RUNS_DIR
+from attune.core.containment import inside
+from attune.readers.traces import TraceInputError, TraceReport, analyze_paths, find_trace_files
+from attune.readers.traces.models import Breakdown, NameTotal, Wait
 
 log = logging.getLogger("attune.traces_server")
 

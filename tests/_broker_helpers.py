@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from attune.campaign import start
+from attune.control.campaign import start
 
 ROOT = Path(__file__).resolve().parents[1]
 

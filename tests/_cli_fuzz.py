@@ -1,6 +1,6 @@
 """Drive the real `attune` CLI with bad inputs, fast (not a test module).
 
-`run_case(argv)` runs `attune.cli.main(argv)` in a forked child of a process that has already
+`run_case(argv)` runs `attune.app.cli.main(argv)` in a forked child of a process that has already
 imported every command, so a case costs milliseconds instead of a fresh interpreter; the child's
 stdout and stderr go to files, an exception that escapes `main` is printed as the traceback a user
 would see, and a child still running after the timeout is killed and reported as a hang.
@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from attune import cli
+from attune.app import cli
 
 PARSER_READY = cli.build_parser()  # imports every command module before the first fork
 

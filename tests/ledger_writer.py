@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from attune.ledger import LEDGER_NAME, Ledger  # noqa: E402
+from attune.core.ledger import LEDGER_NAME, Ledger  # noqa: E402
 
 
 def main() -> None:

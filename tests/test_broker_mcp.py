@@ -19,7 +19,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from attune import ledger
+from attune.core import ledger
 from broker.campaigns import CampaignHandle
 from tests._broker_helpers import ROOT, make_campaign, wait_for
 from tests.test_launch import CALIBRATED_BUDGET, calibrate

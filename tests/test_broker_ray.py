@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attune import ledger, shipping
-from attune.campaign import start
-from attune.launch import LaunchRequest
-from attune.state import load
+from attune.control import shipping
+from attune.control.campaign import start
+from attune.control.plane import LaunchRequest
+from attune.core import ledger
+from attune.core.state import load
 from broker.backends.ray import START_MARK, RayBackend
 from broker.campaigns import CampaignHandle
 from tests._broker_helpers import make_campaign, tune, wait_for

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from attune.launch import LaunchRequest
+from attune.control.plane import LaunchRequest
 from broker.campaigns import CampaignHandle
 from tests._broker_helpers import make_campaign
 from tests.test_launch import settle

@@ -115,7 +115,7 @@ def test_tokens_scope_every_request_to_one_campaign(served: Served) -> None:
 
 
 def ledger_has_no_run(d: Path) -> bool:
-    from attune import ledger
+    from attune.core import ledger
 
     return not any(r.type in ("launch_admitted", "run_finished") for r in ledger.read(d).rows)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from attune import ledger
-from attune.launch import LaunchRequest
+from attune.control.plane import LaunchRequest
+from attune.core import ledger
 from broker.campaigns import CampaignHandle
 from tests._broker_helpers import make_campaign, search, wait_for
 from tests.test_slurm_backend import slurm_node  # noqa: F401 - the fixture that starts Slurm

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from attune import ledger
-from attune.campaign import start
-from attune.metrics import read_metrics
-from attune.spec import load_spec
+from attune.control.campaign import start
+from attune.control.spec import load_spec
+from attune.core import ledger
+from attune.readers.metrics import read_metrics
 from broker.client import BrokerClient
 from tests._broker_helpers import ROOT, wait_for
 from tests.conftest import EXAMPLE_CAMPAIGN

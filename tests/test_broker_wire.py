@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel
 from starlette.testclient import TestClient
 
-from attune.launch import LaunchRequest
+from attune.control.plane import LaunchRequest
 from broker import service, wire
 from broker.campaigns import CampaignHandle
 from tests._broker_helpers import make_campaign, search, wait_for
@@ -116,7 +116,7 @@ def test_handlers_have_one_typed_signature() -> None:
 
 def test_the_run_fields_are_all_declared() -> None:
     """RunInfo declares every field of a run the broker shows (a new RunState field must be added)."""
-    from attune.state import RunState
+    from attune.core.state import RunState
 
     shown = set(RunState.__dataclass_fields__) - {"code_locations", "admitted_seq", "finished_seq"}
     assert shown <= set(wire.RunInfo.model_fields)

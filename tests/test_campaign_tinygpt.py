@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attune import shipping
-from attune.state import load
+from attune.control import shipping
+from attune.core.state import load
 from tests._broker_helpers import tune
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,8 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-from attune.launcher import STOP_HOOK_BLOCK_CAP, ClaudeLauncher, agent_done
-from attune.state import load
+from attune.app.headless import STOP_HOOK_BLOCK_CAP, ClaudeLauncher, agent_done
+from attune.core.state import load
 from tests._broker_helpers import ROOT, make_campaign
 
 STUB = """#!{python}
@@ -30,7 +30,7 @@ json.dump(calls, open(log, "w"))
 print(json.dumps({{"type": "system", "subtype": "init", "session_id": "sess-1"}}))
 if len(calls) == 2:  # the resumed session finishes the agent's part
     sys.path.insert(0, {root!r})
-    from attune.campaign import record_stop
+    from attune.control.campaign import record_stop
     record_stop(os.environ["ATTUNE_CAMPAIGN_DIR"], ["step"], "measured enough")
 print(json.dumps({{"type": "result", "subtype": "success", "is_error": False, "num_turns": 9, "session_id": "sess-1"}}))
 """
@@ -74,7 +74,7 @@ def test_the_launcher_uses_the_installed_plugin_raises_the_cap_and_resumes(tmp_p
 
 def test_a_failed_campaign_is_not_resumed(tmp_path: Path) -> None:
     d = make_campaign(tmp_path)
-    from attune.ledger import Ledger
+    from attune.core.ledger import Ledger
 
     Ledger(d).append("campaign_failed", {"reason": "no valid calibration", "phase": "calibration"})
     import io

@@ -21,8 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attune import ledger
-from attune.campaign import start
+from attune.control.campaign import start
+from attune.core import ledger
 from tests._cli_fuzz import ALL_BAD, make_bad, run_case
 from tests.conftest import EXAMPLE_CAMPAIGN, ROOT
 

@@ -1,4 +1,4 @@
-"""Path containment is defined once (attune.containment.inside) and used by the hooks, the launch
+"""Path containment is defined once (attune.core.containment.inside) and used by the hooks, the launch
 path, the broker's file windows and the MCP servers."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from attune import containment
-from attune.containment import inside
+from attune.core import containment
+from attune.core.containment import inside
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,16 +40,16 @@ def test_containment_imports_nothing() -> None:
     assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
 
 
-# The spellings of a hand-made containment check: none is left outside attune/containment.py.
+# The spellings of a hand-made containment check: none is left outside attune/core/containment.py.
 _HAND_MADE = re.compile(r"is_relative_to\(|(not )?in \w+\.parents\b|\.startswith\(\w+ \+ os\.sep\)|rstrip\(os\.sep\)")
 
 
-@pytest.mark.parametrize("rel", ["hooks/policy.py", "broker/files.py", "attune/rungen.py",
+@pytest.mark.parametrize("rel", ["hooks/policy.py", "broker/files.py", "attune/control/rungen.py",
                                  "mcp_servers/traces_server.py", "mcp_servers/metrics_server.py",
                                  "mcp_servers/gate_server.py", "attune/ttb/paths.py", "attune/ttb/verify.py"])
 def test_one_containment_check(rel: str) -> None:
     src = (ROOT / rel).read_text()
-    assert "from attune.containment import inside" in src
+    assert "from attune.core.containment import inside" in src
     assert not _HAND_MADE.search(src), _HAND_MADE.search(src)
 
 

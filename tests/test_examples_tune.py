@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from attune.state import load
+from attune.core.state import load
 from tests._broker_helpers import make_campaign
 
 ROOT = Path(__file__).resolve().parents[1]

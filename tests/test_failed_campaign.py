@@ -16,9 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from attune import report, shipping
-from attune.campaign import record_stop
-from attune.state import load
+from attune.app import report
+from attune.control import shipping
+from attune.control.campaign import record_stop
+from attune.core.state import load
 from broker.campaigns import CampaignHandle
 from tests._broker_helpers import ROOT, make_campaign, wait_for
 from tests.test_launch import calibrate, rows

@@ -1,7 +1,7 @@
 """The gate reads a run's losses and resolved arguments with the reader of the campaign's framework.
 
 A torchtitan campaign's check run is read as torchtitan, not as Megatron (there is one log parser
-per framework, in attune.metrics; the gate has none of its own)."""
+per framework, in attune.readers.metrics; the gate has none of its own)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from attune import shipper
-from attune.campaign_paths import run_log
-from attune.launch import Control
-from attune.metrics import MetricsInputError, read_losses, read_resolved_args
-from attune.state import RunState
-from attune.vocab import RunKind, RunOutcome
+from attune.control import shipper
+from attune.control.plane import Control
+from attune.core.campaign_paths import run_log
+from attune.core.state import RunState
+from attune.core.vocab import RunKind, RunOutcome
+from attune.readers.metrics import MetricsInputError, read_losses, read_resolved_args
 from tests._broker_helpers import make_campaign
 from tests.gate_fixtures import megatron_log
 

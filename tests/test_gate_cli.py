@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from attune.cli import main
+from attune.app.cli import main
 from gate.lists import LISTS_DIR, list_sha256
 from tests.gate_fixtures import GLM, megatron_log
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from attune.metrics import read_resolved_args
+from attune.readers.metrics import read_resolved_args
 from gate import conditions, config_check, lists
 from gate.config_check import apply_changes, check_recipe, check_resolved, recipe_to_config
 from gate.lists import AllCondition, CorrectnessList, load_list

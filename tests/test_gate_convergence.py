@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attune.metrics import read_losses
+from attune.readers.metrics import read_losses
 from gate.convergence import ConvergenceConfig, _tolerance, check_convergence, compute_checks, loss_deviation
 from tests.gate_fixtures import megatron_log
 

@@ -50,7 +50,7 @@ def test_quick_validation_scores_each_kind_of_run(tmp_path):
 
 
 def test_cli_rejects_unknown_cases(capsys):
-    from attune.cli import main
+    from attune.app.cli import main
 
     assert main(["gate", "validate", "--only", "nope"]) == 2
     assert "unknown case" in capsys.readouterr().err

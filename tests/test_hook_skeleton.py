@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from attune import search_rules, state
+from attune.control import search_rules
+from attune.core import state
 from hooks import runtime, stop
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from attune.ledger import Ledger
+from attune.core.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 HOOKS = ROOT / "hooks"

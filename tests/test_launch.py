@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from attune import ledger
-from attune.campaign import RecordError, StopRefused
-from attune.launch import Control, JobFacts, LaunchRequest
-from attune.metrics import read_metrics
-from attune.state import fold
+from attune.control.campaign import RecordError, StopRefused
+from attune.control.plane import Control, JobFacts, LaunchRequest
+from attune.core import ledger
+from attune.core.state import fold
+from attune.readers.metrics import read_metrics
 from broker.backends.local import _pgroup_alive
 from broker.campaigns import CampaignHandle
 from tests._broker_helpers import ROOT, make_campaign, search, wait_for
@@ -233,7 +233,7 @@ def test_cancel_charges_and_records(calibrated: CampaignHandle) -> None:
 ADMIT_WORKER = """
 import json, sys
 sys.path.insert(0, {root!r})
-from attune.launch import Control, JobFacts, LaunchRequest
+from attune.control.plane import Control, JobFacts, LaunchRequest
 c = Control({d!r})
 out = []
 for i in range({n}):
@@ -284,7 +284,7 @@ def _req(body: dict[str, Any]) -> LaunchRequest:
 
 
 def test_a_changed_spec_is_refused(calibrated: CampaignHandle) -> None:
-    from attune.launch import ControlError
+    from attune.control.plane import ControlError
 
     h, d = calibrated, calibrated.dir
     (d / "campaign.yaml").write_text((d / "campaign.yaml").read_text() + "\nnotes: edited\n")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from attune import ledger
-from attune.ledger import LEDGER_NAME, TORN_NAME, Ledger, LedgerError
+from attune.core import ledger
+from attune.core.ledger import LEDGER_NAME, TORN_NAME, Ledger, LedgerError
 from tests.conftest import run_cli
 
 WRITER = Path(__file__).with_name("ledger_writer.py")

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from attune import ledger
-from attune.ledger import LEDGER_NAME, Ledger, LedgerError, row_hash
+from attune.core import ledger
+from attune.core.ledger import LEDGER_NAME, Ledger, LedgerError, row_hash
 from tests.conftest import EXAMPLE_CAMPAIGN, ROOT, run_cli
 
 ROWS = 70
@@ -199,7 +199,7 @@ def test_an_incremental_reader_that_read_the_ledger_before_detects_every_tamperi
         foldable_template: Path, tmp_path: Path, name: str) -> None:
     """The control plane's state reader (`state.Follower`) reads only new rows: a tampering of rows it
     has already read is still detected at its next refresh, and named as a full read names it."""
-    from attune.state import Follower
+    from attune.core.state import Follower
 
     tamper, kind = TAMPERINGS[name]
     d = _copy(foldable_template, tmp_path / "c")

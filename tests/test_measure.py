@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attune import measure
+from attune.core import measure
 
 
 def test_windowed_throughput_sums_before_dividing() -> None:

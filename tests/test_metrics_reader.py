@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from attune.metrics import (
+from attune.readers.metrics import (
     FRAMEWORKS,
     MetricsInputError,
     analyze,
@@ -15,8 +15,8 @@ from attune.metrics import (
     parse_window,
     read_metrics,
 )
-from attune.metrics.failure import classify, signals_in_line
-from attune.metrics.records import MIB_PER_GB, Signal
+from attune.readers.metrics.failure import classify, signals_in_line
+from attune.readers.metrics.records import MIB_PER_GB, Signal
 from tests._metrics_logs import (
     MEGATRON_ARGS,
     OOM_TAIL,
@@ -231,7 +231,7 @@ def test_host_oom_kill_from_slurm(tmp_path):
 
 
 def test_every_signature_is_reachable_through_a_gate():
-    from attune.metrics import failure
+    from attune.readers.metrics import failure
 
     for _, _, pattern in failure.SIGNATURES:
         assert any(gate in pattern for gate in failure.MARKERS) or pattern in (b"oom-kill", b"oom_kill"), pattern

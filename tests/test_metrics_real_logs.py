@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from attune.metrics import get_parser, read_metrics
+from attune.readers.metrics import get_parser, read_metrics
 
 DATA = Path(__file__).parent / "data" / "real_logs"
 

@@ -14,8 +14,8 @@ import yaml
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from attune.ledger import Ledger
-from attune.metrics import read_metrics
+from attune.core.ledger import Ledger
+from attune.readers.metrics import read_metrics
 from tests._metrics_logs import OOM_TAIL, megatron_lm_log, step_times, write
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""The path rule of candidate values (`attune.rungen.confine_paths`), directly: what passes, what is
+"""The path rule of candidate values (`attune.control.rungen.confine_paths`), directly: what passes, what is
 refused, links that lead out, and a value a leader carries into later candidates."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from attune.rungen import Changes, RunGenError, confine_paths, parse_changes
+from attune.control.rungen import Changes, RunGenError, confine_paths, parse_changes
 
 
 def _ctx(run_dir: Path) -> dict[str, object]:

@@ -1,4 +1,4 @@
-"""attune's MCP server list is defined once (attune/plugin_servers.py); the static plugin files and
+"""attune's MCP server list is defined once (attune/core/plugin_servers.py); the static plugin files and
 every reader agree with it."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from attune import launcher, plugin_servers
+from attune.app import headless as launcher
+from attune.core import plugin_servers
 from hooks import policy
 from mcp_servers import launch
 
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_mcp_json_is_the_one_definition() -> None:
     assert json.loads((ROOT / ".mcp.json").read_text()) == plugin_servers.mcp_json(), (
-        ".mcp.json differs from attune/plugin_servers.mcp_json()")
+        ".mcp.json differs from attune/core/plugin_servers.mcp_json()")
 
 
 def test_the_plugin_name_gives_the_tool_prefix() -> None:
@@ -51,7 +52,7 @@ def test_no_other_copy_of_the_list() -> None:
     hits = []
     for d in ("attune", "hooks", "mcp_servers", "broker", "gate", "tests", "benchmarks", "skills"):
         for p in (ROOT / d).rglob("*.py"):
-            if p in (ROOT / "attune" / "plugin_servers.py", Path(__file__).resolve()):
+            if p in (ROOT / "attune" / "core" / "plugin_servers.py", Path(__file__).resolve()):
                 continue
             if pattern.search(p.read_text()):
                 hits.append(str(p.relative_to(ROOT)))

@@ -22,9 +22,10 @@ import yaml
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from attune import ledger, workenv
-from attune.launch import LaunchRequest
-from attune.spec import load_spec
+from attune.control import workenv
+from attune.control.plane import LaunchRequest
+from attune.control.spec import load_spec
+from attune.core import ledger
 from broker.campaigns import CampaignHandle
 from tests._broker_helpers import FAKE_LIST, FAKE_SPEC, ROOT, deep_update, make_campaign, wait_for
 

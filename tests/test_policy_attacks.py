@@ -385,7 +385,7 @@ BWRAP = _bwrap_works()
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from attune import campaign as campaign_mod
+    from attune.control import campaign as campaign_mod
     from tests._metrics_logs import megatron_lm_log
 
     w = tmp_path_factory.mktemp("world")
@@ -448,7 +448,7 @@ def world(template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pa
     monkeypatch.setenv("HOME", str(w / "home"))
     for k in ("CLAUDE_PROJECT_DIR", "CLAUDE_CONFIG_DIR"):
         monkeypatch.delenv(k, raising=False)
-    from attune import ledger
+    from attune.core import ledger
 
     ledger.adopt(w / "camp", template / "camp")  # the copy's ledger keeps its key (filed by real path)
     return w

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from attune.spec import SpecError, parse_spec
+from attune.control.spec import SpecError, parse_spec
 from broker.backends import get_backend
 from broker.backends.base import BackendError, BackendUnavailable, JobSpec, JobState, JobStatus
 from broker.backends.ray import ENTRYPOINT, META_FILE, SCRIPT_FILE, START_MARK, RayBackend, submission_id
@@ -202,7 +202,7 @@ def test_queued_job_is_not_charged_until_it_runs(tmp_path: Path) -> None:
     # the driver's log was streamed into the run directory: the marker once, then the training's lines
     log = (a / "log.txt").read_text()
     assert log.count(START_MARK) == 1 and " iteration       14/      14 |" in log
-    from attune.metrics import read_metrics
+    from attune.readers.metrics import read_metrics
 
     m = read_metrics(a / "log.txt", gpus=1, window=(4, 13), max_spread=10.0)
     assert m.tokens_per_s_per_gpu and m.tokens_per_s_per_gpu > 0

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from attune import report
-from attune.campaign import start
-from attune.ledger import Ledger
-from attune.measure import payback_days
+from attune.app import report
+from attune.control.campaign import start
+from attune.core.ledger import Ledger
+from attune.core.measure import payback_days
 from tests.conftest import run_cli
 
 CALIB = [1000.0, 1010.0, 990.0, 1005.0, 995.0]

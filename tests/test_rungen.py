@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from attune.rungen import Changes, RunGenerator, RunGenError, parse_changes, render_args
-from attune.spec import parse_spec
+from attune.control.rungen import Changes, RunGenerator, RunGenError, parse_changes, render_args
+from attune.control.spec import parse_spec
 from tests._broker_helpers import FAKE_SPEC, deep_update
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from attune import sandbox
-from attune.launcher import ClaudeLauncher
+from attune.app import sandbox
+from attune.app.headless import ClaudeLauncher
 from hooks import policy as policy_mod
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,7 +112,7 @@ def test_a_campaign_inside_the_plugin_keeps_its_notes_writable(tmp_path: Path) -
 
 def test_cli_prints_the_settings_and_checks(camp: Path, monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    from attune.cli import main
+    from attune.app.cli import main
 
     assert main(["sandbox", str(camp)]) == 0
     settings = json.loads(capsys.readouterr().out)

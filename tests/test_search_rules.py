@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from attune import search_rules
-from attune.campaign import StopRefused, record_stop, start
-from attune.launch import Control
-from attune.ledger import Ledger
-from attune.state import load
+from attune.control import search_rules
+from attune.control.campaign import StopRefused, record_stop, start
+from attune.control.plane import Control
+from attune.core.ledger import Ledger
+from attune.core.state import load
 from tests.test_hooks import run_hook
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -238,8 +238,8 @@ def test_the_stop_hook_shows_the_refusal_codes_and_items(glm) -> None:  # type: 
 
 def test_summary_is_written_to_notes_and_offered_to_the_next_campaign_on_the_model(glm, tmp_path: Path,
                                                                                    monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from attune.campaign import record_diagnosis
-    from attune.summary import write_summary
+    from attune.app.summary import write_summary
+    from attune.control.campaign import record_diagnosis
 
     d, book = glm()
     oom = book.run({TP: 1, PP: 16, EP: 8, **SPLIT}, outcome="oom", lever="tp1")

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from attune import shipping
-from attune.campaign import record_stop
-from attune.launch import LaunchRequest
+from attune.control import shipping
+from attune.control.campaign import record_stop
+from attune.control.plane import LaunchRequest
 from broker.campaigns import CampaignHandle
 from tests._broker_helpers import ROOT, make_campaign, search, wait_for
 from tests.test_launch import calibrate, rows, settle
@@ -144,15 +144,15 @@ def test_third_repeat_when_two_repeats_disagree_by_more_than_the_band(tmp_path: 
 
 
 def test_the_policy_imports_nothing_of_the_control_plane_and_launch_nothing_of_shipping() -> None:
-    code = ("import sys, attune.shipping; bad = [m for m in ('attune.launch', 'attune.shipper', 'broker') "
+    code = ("import sys, attune.control.shipping; bad = [m for m in ('attune.control.plane', 'attune.control.shipper', 'broker') "
             "if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
-    code = "import sys, attune.launch; assert 'attune.shipping' not in sys.modules and 'attune.shipper' not in sys.modules"
+    code = "import sys, attune.control.plane; assert 'attune.control.shipping' not in sys.modules and 'attune.control.shipper' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
 def test_a_finished_check_run_is_judged_and_a_remeasurement_recorded_before_anything_else() -> None:
-    from attune.state import CampaignState, RunState
+    from attune.core.state import CampaignState, RunState
 
     st = CampaignState(name="c", stop={"seq": 1})
     st.runs["r1-check"] = RunState("r1-check", "check", status="finished", outcome="ok", base_run_id="r0")

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from attune.measure import gpu_hours
-from attune.metrics import read_metrics
+from attune.control.spec import load_spec
+from attune.core.measure import gpu_hours
+from attune.readers.metrics import read_metrics
 from attune.sim.api import apply_overrides
 from attune.sim.estimate import estimate
 from attune.sim.paper import CAMPAIGNS
 from attune.sim.recipe import render_argv
-from attune.spec import load_spec
 from broker.backends import get_backend
 from broker.backends.base import Backend, BackendError, JobSpec, JobState
 from broker.backends.sim import SimBackend

@@ -11,9 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from attune import ledger
-from attune.metrics import read_metrics
-from attune.state import load
+from attune.core import ledger
+from attune.core.state import load
+from attune.readers.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "campaigns" / "minimax-m2-64xb200" / "campaign.yaml"

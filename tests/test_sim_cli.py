@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from attune.cli import main
+from attune.app.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 GLM = str(ROOT / "examples" / "campaigns" / "glm45-128xb200")

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import pytest
 
-from attune.layouts import find_model
-from attune.metrics import read_resolved_args
+from attune.control.spec import load_spec
+from attune.knowledge.layouts import find_model
+from attune.readers.metrics import read_resolved_args
 from attune.sim.api import apply_overrides, resolve_accelerator
 from attune.sim.defects import DEFECTS
 from attune.sim.paper import CAMPAIGNS
 from attune.sim.recipe import build_recipe
 from attune.sim.run import SimSettings, plan_run
-from attune.spec import load_spec
 from gate import check_convergence, check_recipe, check_resolved, load_list
 
 SPECS = {m: load_spec(p) for m, p in CAMPAIGNS.items()}

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
-from attune.campaign import start
-from attune.campaign_runner import CampaignRunner
-from attune.spec import load_spec
-from attune.state import load
+from attune.app.campaign_runner import CampaignRunner
+from attune.control.campaign import start
+from attune.control.spec import load_spec
+from attune.core.state import load
 from attune.tuners.base import Candidate, Outcome
 from attune.tuners.factory import TunerSetupError, make_tuner
 from attune.tuners.knobs import Infeasible, KnobPlane, knob_space
@@ -172,7 +172,7 @@ def test_the_memory_prefilter_is_a_direct_estimate() -> None:
 
 
 def test_one_tuner_registry_everywhere(tmp_path: Path) -> None:
-    from attune.campaign_runner import EARLY_ABORT_TUNERS, TUNERS
+    from attune.app.campaign_runner import EARLY_ABORT_TUNERS, TUNERS
 
     assert BUILT_IN == ("heuristic", "tpe", "tpe-prefilter", "random") and TUNERS == TUNE_CHOICES
     assert set(BLACK_BOX) == set(EARLY_ABORT_TUNERS) == {"tpe", "tpe-prefilter", "random"}

@@ -7,7 +7,7 @@ import jsonschema
 import pytest
 import yaml
 
-from attune.catalog import (
+from attune.knowledge.catalog import (
     LESSONS_PATH,
     LEVERS_PATH,
     CatalogError,
@@ -15,7 +15,7 @@ from attune.catalog import (
     load_lessons,
     schema_texts,
 )
-from attune.lessons import check_text, known_model_names
+from attune.knowledge.lessons import check_text, known_model_names
 from tests.conftest import run_cli
 from tests.skill_helpers import run_script
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from attune.layouts import (
+from attune.knowledge.layouts import (
     LayoutError,
     LayoutOptions,
     ModelDims,

@@ -10,8 +10,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attune.catalog import load_catalog, load_lessons
-from attune.lessons import LessonError, LessonRefused, add_lesson, check_text, known_model_names, read_lessons
+from attune.knowledge.catalog import load_catalog, load_lessons
+from attune.knowledge.lessons import (
+    LessonError,
+    LessonRefused,
+    add_lesson,
+    check_text,
+    known_model_names,
+    read_lessons,
+)
 from tests.conftest import run_cli
 from tests.skill_helpers import SKILL, run_script
 
@@ -171,7 +178,7 @@ def test_cli_add_lesson_and_env_default(lessons_file: Path, monkeypatch: pytest.
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["lesson"]["id"] == "L0001"
     monkeypatch.setenv("ATTUNE_LESSONS_FILE", str(lessons_file))
-    from attune.lessons import default_lessons_path
+    from attune.knowledge.lessons import default_lessons_path
 
     assert default_lessons_path() == lessons_file
 

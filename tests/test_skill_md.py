@@ -6,8 +6,8 @@ import re
 
 import yaml
 
-from attune import plugin_servers
-from attune.catalog import load_catalog
+from attune.core import plugin_servers
+from attune.knowledge.catalog import load_catalog
 from tests.skill_helpers import SCRIPTS, SKILL
 
 SKILL_MD = SKILL / "SKILL.md"

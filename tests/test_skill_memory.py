@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from attune.layouts import LayoutError, ModelDims, find_model, layout_from_degrees
-from attune.memory_estimate import GIB, MemoryOptions, accelerator_gib, estimate, in_flight
+from attune.knowledge.layouts import LayoutError, ModelDims, find_model, layout_from_degrees
+from attune.knowledge.memory_estimate import GIB, MemoryOptions, accelerator_gib, estimate, in_flight
 from tests.skill_helpers import run_script
 
 # A small dense model: 4 layers, hidden 1024, 16 heads (no grouping), two-matrix MLP of 4096,

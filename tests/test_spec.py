@@ -8,7 +8,7 @@ import jsonschema
 import pytest
 import yaml
 
-from attune.spec import SCHEMA_PATH, SpecError, json_schema, load_spec, schema_text
+from attune.control.spec import SCHEMA_PATH, SpecError, json_schema, load_spec, schema_text
 from tests.conftest import EXAMPLE_CAMPAIGN, run_cli
 
 

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attune import campaign, ledger, state
-from attune.ledger import Ledger
+from attune.control import campaign
+from attune.core import ledger, state
+from attune.core.ledger import Ledger
 from tests.conftest import run_cli
 
 STARTED = {

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from attune.traces import Layout, LayoutError, TraceInputError, analyze_paths
-from attune.traces.classify import CommKind, DeviceClass, comm_kind, device_class, group_dim_from_desc
+from attune.readers.traces import Layout, LayoutError, TraceInputError, analyze_paths
+from attune.readers.traces.classify import CommKind, DeviceClass, comm_kind, device_class, group_dim_from_desc
 from tests.trace_synth import write_run
 from tests.traces_helpers import kernel, known_gpu_events, launch, step, write_trace, x
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from attune.traces import analyze_paths
+from attune.readers.traces import analyze_paths
 
 DATA = Path(__file__).resolve().parent / "data" / "hta"
 EXPECTED = json.loads((DATA / "expected.json").read_text())["figures"]

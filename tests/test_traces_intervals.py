@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attune.traces import intervals as iv
+from attune.readers.traces import intervals as iv
 
 GRID = 60
 _iv = st.lists(st.tuples(st.integers(0, GRID), st.integers(0, 15)), max_size=12)

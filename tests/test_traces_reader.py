@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attune.traces.reader import TraceFormatError, TraceReader, looks_like_trace
+from attune.readers.traces.reader import TraceFormatError, TraceReader, looks_like_trace
 from tests.traces_helpers import known_gpu_events, write_trace
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from attune.traces import analyze_paths
+from attune.readers.traces import analyze_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "examples" / "tinygpt" / "train.py"

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attune import ledger
+from attune.core import ledger
 from attune.ttb import protocol as proto
 from attune.ttb import workload as wl
 from attune.ttb.entry import SIM_LABEL, load_entry, load_prices, usd_per_million
@@ -167,7 +167,7 @@ def _reissue(d: Path, edit=None, stop_before: str | None = None) -> None:  # noq
 
 
 def test_the_template_pins_the_protocol(campaign: Path, tmp_path: Path) -> None:
-    from attune.spec import load_spec
+    from attune.control.spec import load_spec
 
     spec = load_spec(campaign)
     assert proto.match(spec)[0] is proto.TTB_V1
@@ -206,7 +206,7 @@ def test_submit_refuses_a_campaign_without_the_ttb_workload(tmp_path: Path) -> N
     d = tmp_path / "plain"
     d.mkdir()
     shutil.copy(MIXTRAL / "campaign.yaml", d / "campaign.yaml")
-    from attune.campaign import start
+    from attune.control.campaign import start
 
     start(d)  # what `attune init` does
     r = _cli("ttb", "submit", str(d), "--entries", str(tmp_path / "entries"), "--json")
@@ -554,7 +554,7 @@ def test_rows_of_the_protocol_length_with_a_real_tokenizer(tmp_path: Path) -> No
 @pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "examples" / "campaigns").iterdir()
                                            if (p / "campaign.yaml").is_file() and "tinygpt" not in p.name))
 def test_every_example_campaign_has_a_ttb_template(example: str, tmp_path: Path) -> None:
-    from attune.spec import load_spec
+    from attune.control.spec import load_spec
     from gate.lists import load_list
 
     out = proto.write_campaign(ROOT / "examples" / "campaigns" / example, tmp_path / example)

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from attune import ledger, shipping
-from attune.state import load
+from attune.control import shipping
+from attune.core import ledger
+from attune.core.state import load
 from tests._broker_helpers import ROOT, make_campaign, wait_for
 
 SPACE = {"--fake-step-ms": [30, 20, 14, 10], "--fake-variant": [0, 1]}

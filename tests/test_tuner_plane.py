@@ -7,7 +7,7 @@ import os
 import signal
 from pathlib import Path
 
-from attune import ledger
+from attune.core import ledger
 from attune.tuners.driver import drive
 from attune.tuners.random_search import RandomTuner
 from broker.campaigns import CampaignHandle

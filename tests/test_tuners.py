@@ -2,7 +2,7 @@
 
 The synthetic control plane stands in for the cluster ONLY to test the tuners' search logic fast
 and deterministically (the real control plane, with real tinygpt runs, is exercised by the broker
-and campaign tests). It applies the real promotion rule (`attune.measure.beats`), refuses identical
+and campaign tests). It applies the real promotion rule (`attune.core.measure.beats`), refuses identical
 recipes, and charges one unit per launch.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from attune.measure import beats
+from attune.core.measure import beats
 from attune.tuners.base import Candidate, Outcome, recipe_key, split_changes
 from attune.tuners.driver import drive
 from attune.tuners.heuristic import HeuristicTuner

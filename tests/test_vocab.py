@@ -9,13 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from attune import campaign_paths, vocab
-from attune.job import JobSpec
-from attune.ledger import Ledger
-from attune.vocab import FAILED_OUTCOMES, RECIPE_FAILURES, STOPPED_OUTCOMES, RunKind, RunOutcome, Verdict
+from attune.core import campaign_paths, vocab
+from attune.core.job import JobSpec
+from attune.core.ledger import Ledger
+from attune.core.vocab import FAILED_OUTCOMES, RECIPE_FAILURES, STOPPED_OUTCOMES, RunKind, RunOutcome, Verdict
 
 ROOT = Path(__file__).resolve().parents[1]
-STDLIB_ONLY = ("attune/vocab.py", "attune/campaign_paths.py", "attune/job.py")
+STDLIB_ONLY = ("attune/core/vocab.py", "attune/core/campaign_paths.py", "attune/core/job.py")
 
 
 def _imports(path: Path) -> set[str]:
@@ -38,7 +38,7 @@ def test_the_shared_modules_import_only_the_standard_library_and_each_other() ->
 
 def test_the_names_load_on_a_bare_interpreter_without_pathlib() -> None:
     """What a hook may do: no site packages, and the names cost no import of their own."""
-    code = ("import sys; sys.path.insert(0, '.'); import attune.campaign_paths as c, attune.vocab as v; "
+    code = ("import sys; sys.path.insert(0, '.'); import attune.core.campaign_paths as c, attune.core.vocab as v; "
             "print(c.RUN_LOG, v.RunOutcome.OK, 'pathlib' in sys.modules)")
     out = subprocess.run([sys.executable, "-S", "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["log.txt", "ok", "False"]

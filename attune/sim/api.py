@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from attune.layouts import LayoutError, ModelDims, find_model
+from attune.knowledge.layouts import LayoutError, ModelDims, find_model
 from attune.sim.hardware import Accelerator, HardwareError, accelerator
 from attune.sim.recipe import ArgValue, RecipeError, parse_argv
 

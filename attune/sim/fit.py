@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from attune.core.campaign_paths import CAMPAIGN_FILE
+from attune.readers.bounded import read_yaml
 from attune.sim.api import apply_overrides, resolve_accelerator, resolve_model
 from attune.sim.constants import DEFAULT, Constants
 from attune.sim.estimate import estimate
 from attune.sim.paper import CAMPAIGNS, POINTS, PaperPoint
-from attune.spec import CampaignSpec, load_spec
 
 
 @dataclass(frozen=True)
@@ -51,16 +52,29 @@ class PointResult:
         return f"{self.point.tps:.1f}" if self.point.tps is not None else self.point.outcome
 
 
+@dataclass(frozen=True)
+class _Example:
+    """What the fit needs of an example campaign: the simulator sits below the control plane, so it reads
+    the campaign file itself instead of through the spec model."""
+
+    model: str
+    accelerator: str
+    gpus: int
+    args: dict[str, Any]
+    env: dict[str, str]
+
+
 @cache
-def _spec(model: str) -> CampaignSpec:
-    return load_spec(CAMPAIGNS[model])
+def _spec(model: str) -> _Example:
+    raw = read_yaml(CAMPAIGNS[model] / CAMPAIGN_FILE, "the example campaign")
+    return _Example(str(raw["model"]), str(raw["cluster"]["accelerator"]), int(raw["cluster"]["gpus"]),
+                    dict(raw["baseline"].get("args") or {}), {k: str(v) for k, v in (raw["baseline"].get("env") or {}).items()})
 
 
 def evaluate_point(p: PaperPoint, c: Constants = DEFAULT) -> tuple[str, float | None, float | None]:
     spec = _spec(p.model)
-    args = apply_overrides(spec.baseline.args, p.changes)
-    e = estimate(resolve_model(spec.model), resolve_accelerator(spec.cluster.accelerator), spec.cluster.gpus,
-                 args, spec.baseline.env, c=c)
+    args = apply_overrides(spec.args, p.changes)
+    e = estimate(resolve_model(spec.model), resolve_accelerator(spec.accelerator), spec.gpus, args, spec.env, c=c)
     ratio = e.memory.peak.peak_gib / e.memory.capacity_gib if e.memory is not None else None
     outcome = "refused" if e.outcome == "crash" and e.memory is None else e.outcome
     return outcome, e.tokens_per_s_per_gpu, ratio

@@ -3,7 +3,7 @@
 Datasheet figures come from `../shared/reference/models-and-hardware.md` (section 3): dense peaks
 per precision, HBM capacity and bandwidth, NVLink per GPU and direction, eight 400 Gb/s NICs per
 node (about 50 GB/s per GPU and direction). The memory a training process sees is the total
-`nvidia-smi` reports (`attune.memory_estimate.ACCELERATOR_GIB`).
+`nvidia-smi` reports (`attune.knowledge.memory_estimate.ACCELERATOR_GIB`).
 
 The achieved fractions of those figures (GEMM efficiency, collective bus efficiency, latencies,
 the host's per-kernel cost) live in `attune.sim.constants`, where each says what it was fitted to.
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attune.hardware import DENSE_PEAK_FLOPS
-from attune.memory_estimate import ACCELERATOR_GIB
+from attune.core.hardware import DENSE_PEAK_FLOPS
+from attune.knowledge.memory_estimate import ACCELERATOR_GIB
 
 GB = 1e9
 

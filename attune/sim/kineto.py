@@ -1,7 +1,7 @@
 """Kineto (PyTorch profiler) traces of a simulated run: one file per profiled rank.
 
 A traced step of pipeline stage s is laid out from the step-time model's terms, so that the trace
-analyzer (`attune.traces`) reads back the model's breakdown:
+analyzer (`attune.readers.traces`) reads back the model's breakdown:
 
 - per microbatch and virtual chunk, a forward and a backward piece: compute kernels (GEMMs; the
   recomputed forward before the backward), the exposed expert all-to-all (EXPERT group), the
@@ -27,7 +27,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from attune.campaign_paths import RUN_TRACES_DIR
+from attune.core.campaign_paths import RUN_TRACES_DIR
 from attune.sim.estimate import Estimate
 from attune.sim.recipe import SimRecipe
 from attune.sim.steptime import COMM_KINDS

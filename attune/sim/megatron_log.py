@@ -2,7 +2,7 @@
 
 Only the format is Megatron's (field order, separators, widths, number formats, in their 2026
 heads as `../shared/reference/megatron.md` describes them); every value comes from the simulator.
-The metrics reader (`attune.metrics`) and the gate's log readers parse these lines unchanged.
+The metrics reader (`attune.readers.metrics`) and the gate's log readers parse these lines unchanged.
 """
 
 from __future__ import annotations

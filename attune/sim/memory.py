@@ -1,6 +1,6 @@
 """The simulated run's peak memory per pipeline stage: what a real run's allocator would report.
 
-It builds on the pre-launch estimate (`attune.memory_estimate`, the same formulas the skill and the
+It builds on the pre-launch estimate (`attune.knowledge.memory_estimate`, the same formulas the skill and the
 memory pre-filter use) and adds what that estimate leaves to its margin:
 
     peak(stage) = weights + gradients + optimizer state             (the estimate's)
@@ -23,7 +23,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from attune.memory_estimate import GIB, MODELLED_RECOMPUTE_MODULES, MemoryEstimate, MemoryOptions, estimate
+from attune.knowledge.memory_estimate import (
+    GIB,
+    MODELLED_RECOMPUTE_MODULES,
+    MemoryEstimate,
+    MemoryOptions,
+    estimate,
+)
 from attune.sim.constants import DEFAULT, Constants
 from attune.sim.recipe import SimRecipe
 from attune.sim.steptime import StepModel

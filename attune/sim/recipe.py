@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from attune.layouts import Layout, LayoutError, ModelDims, layout_from_degrees
-from attune.memory_estimate import RECOMPUTE_MODULES
+from attune.knowledge.layouts import Layout, LayoutError, ModelDims, layout_from_degrees
+from attune.knowledge.memory_estimate import RECOMPUTE_MODULES
 from attune.sim.hardware import GPUS_PER_NODE, Accelerator
 
 ArgValue = str | int | float | bool | None

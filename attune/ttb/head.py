@@ -1,6 +1,6 @@
 """The campaign ledger's head, taken through one function so that its authentication can change in one place.
 
-The head is the hash chain's last row hash and the row count (`attune.ledger.verify`). At submit the
+The head is the hash chain's last row hash and the row count (`attune.core.ledger.verify`). At submit the
 campaign's ledger is verified with its key (an HMAC per row, kept outside the campaign directory) and
 its anchor; the entry records whether that held and the last row's MAC. Anyone else checks the
 entry's copy as a hash chain (the key never leaves the campaign's machine).
@@ -26,7 +26,7 @@ def ledger_head(campaign_dir: str | Path, *, copy: bool = False) -> dict[str, An
     holds them (the broker's host): `authenticated` says so, and `mac` is the last row's MAC, which
     the key's holder can check again. An entry's published copy (`copy=True`) is checked as a hash
     chain only: its key stays with the campaign."""
-    from attune import ledger
+    from attune.core import ledger
 
     rep = ledger.verify(campaign_dir, chain_only=copy)
     if not rep.ok or rep.last_hash is None:

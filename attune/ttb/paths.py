@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from attune.containment import inside
+from attune.core.containment import inside
 
 REPO = "${ATTUNE_REPO}"
 WORKDIR = "${ATTUNE_WORKDIR}"
@@ -84,7 +84,7 @@ class Relocator:
 
     def ledger_file(self, src: Path) -> str:
         """The ledger with its rows' data rewritten and the hash chain rebuilt over them."""
-        from attune import ledger
+        from attune.core import ledger
 
         out, prev = [], ledger.GENESIS
         for row in ledger.read(src.parent).rows:

@@ -23,8 +23,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from attune.campaign_paths import CAMPAIGN_FILE
-from attune.spec import CampaignSpec
+from attune.control.spec import CampaignSpec
+from attune.core.campaign_paths import CAMPAIGN_FILE
 
 
 class Protocol(BaseModel):

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attune import __version__
-from attune.campaign_paths import (
+from attune.core.campaign_paths import (
     CAMPAIGN_FILE,
     LEDGER_FILE,
     RUN_JOB,
@@ -51,9 +51,9 @@ from attune.ttb.head import ledger_head
 from attune.ttb.paths import Relocator
 
 if TYPE_CHECKING:
-    from attune.measure import Calibration
-    from attune.spec import CampaignSpec
-    from attune.state import CampaignState, RunState
+    from attune.control.spec import CampaignSpec
+    from attune.core.measure import Calibration
+    from attune.core.state import CampaignState, RunState
 
 
 class SubmitRefused(Exception):
@@ -103,9 +103,9 @@ class _Admitted:
 
 def _load_campaign(d: Path) -> tuple[CampaignSpec, proto.Protocol, CampaignState]:
     """The campaign's spec, its TTB protocol and its state; refused unless the ledger verifies."""
-    from attune import ledger
-    from attune.spec import SpecError, load_spec
-    from attune.state import load
+    from attune.control.spec import SpecError, load_spec
+    from attune.core import ledger
+    from attune.core.state import load
 
     if not (d / CAMPAIGN_FILE).is_file():
         raise SubmitRefused(f"{d}: no campaign.yaml (not a campaign directory)")
@@ -126,7 +126,7 @@ def _load_campaign(d: Path) -> tuple[CampaignSpec, proto.Protocol, CampaignState
 
 def _shipped_verdict(state: CampaignState) -> tuple[str, bool, dict[str, Any] | None]:
     """(shipped run id, the baseline ships?, its passed check verdict); refused unless it passed."""
-    from attune import shipping
+    from attune.control import shipping
 
     if state.shipped is None:
         raise SubmitRefused("the campaign has not shipped a recipe (it failed or has not finished)")
@@ -143,7 +143,7 @@ def _evidence_runs(d: Path, state: CampaignState, valid: list[dict[str, Any]],
                    verdict: dict[str, Any] | None) -> tuple[set[str], RunState | None, Any]:
     """(the runs whose logs the entry keeps, the check's reference run, the candidate's check run id);
     refused when a log is missing."""
-    from attune import shipping
+    from attune.control import shipping
 
     runs_needed = {str(r["run_id"]) for r in valid} | set(state.calibration_run_ids)
     runs_needed |= {str(r["run_id"]) for r in state.remeasurements if r.get("recipe_of") == "baseline"}
@@ -160,7 +160,7 @@ def _evidence_runs(d: Path, state: CampaignState, valid: list[dict[str, Any]],
 
 def _admit(campaign_dir: str | Path) -> _Admitted:
     """Refuse (SubmitRefused) a campaign that cannot become an entry."""
-    from attune import shipping
+    from attune.control import shipping
 
     d = Path(campaign_dir)
     spec, protocol, state = _load_campaign(d)
@@ -213,7 +213,7 @@ def _put_runs(writer: _EntryFiles, d: Path, runs_needed: set[str], ref_id: str |
               framework: str) -> None:
     """The runs' logs (and job files), and the check runs' loss curves and resolved arguments read from them
     by the campaign framework's reader."""
-    from attune.metrics import read_losses, read_resolved_args
+    from attune.readers.metrics import read_losses, read_resolved_args
     from gate.inputs import curve_to_json
 
     put, tmp = writer.put, writer.tmp
@@ -239,7 +239,7 @@ def _public_recipe(writer: _EntryFiles, d: Path, spec: CampaignSpec,
                    public_recipe: str | Path | None) -> tuple[dict[str, Any], str]:
     """(the public recipe's arguments, where they are from): the given recipe, else the campaign's
     public-recipe.yaml, else its baseline. A public recipe file is kept in the entry."""
-    from attune.spec import SpecError, load_spec
+    from attune.control.spec import SpecError, load_spec
 
     public_args: dict[str, Any] = dict(spec.baseline.args)
     public_src = f"the campaign's baseline ({spec.name})"
@@ -257,7 +257,7 @@ def _public_recipe(writer: _EntryFiles, d: Path, spec: CampaignSpec,
 
 def _throughput(adm: _Admitted) -> Throughput:
     """The shipped recipe's re-measured throughput, against the baseline's and the calibration."""
-    from attune.hardware import peak_flops
+    from attune.core.hardware import peak_flops
 
     spec, valid, cal = adm.spec, adm.valid, adm.cal
     tps = statistics.fmean(float(r["tokens_per_s_per_gpu"]) for r in valid)
@@ -299,7 +299,7 @@ def submit(campaign_dir: str | Path, out_root: str | Path, prices: PriceTable, *
     d, spec, state, protocol, is_baseline = adm.d, adm.spec, adm.state, adm.protocol, adm.is_baseline
     verdict, ev_path, runs_needed, ref, cand_check = adm.verdict, adm.ev_path, adm.runs_needed, adm.ref, adm.cand_check
     source_head = ledger_head(d)
-    from attune.launch import SOURCE_ROOT
+    from attune.control.plane import SOURCE_ROOT
 
     reloc = Relocator(d, (d / spec.control.workdir).resolve() if spec.control.workdir else SOURCE_ROOT, SOURCE_ROOT)
     throughput = _throughput(adm)
@@ -331,7 +331,7 @@ def submit(campaign_dir: str | Path, out_root: str | Path, prices: PriceTable, *
         if final.exists():
             raise SubmitRefused(f"{final} exists: this campaign was already submitted")
         put(ev_path, "evidence/shipped-evidence.json")
-        from attune.launch import load_gate_list
+        from attune.control.plane import load_gate_list
 
         try:
             loaded_list = load_gate_list(spec, d, state.list_sha256)

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attune.campaign_paths import CAMPAIGN_FILE, run_job, run_log
-from attune.containment import inside
+from attune.core.campaign_paths import CAMPAIGN_FILE, run_job, run_log
+from attune.core.containment import inside
 from attune.ttb.entry import ENTRY_FILE, Entry, EntryError, load_entry, usd_per_million
 from attune.ttb.head import check_head
 
@@ -149,14 +149,14 @@ class _EntryChecks:
         problem = check_head(ev, e.ledger.model_dump())
         if problem:
             raise _Fail(problem)
-        from attune.state import load
+        from attune.core.state import load
 
         state, _ = load(ev, chain_only=True)
         return f"chain of {e.ledger.rows} rows ends at {e.ledger.last_hash[:16]}...", state
 
     def spec_check(self) -> tuple[str, Any]:
         e, ev, state = self.e, self.ev, self.state
-        from attune.spec import load_spec
+        from attune.control.spec import load_spec
         from attune.ttb import protocol as proto
 
         spec = load_spec(ev / CAMPAIGN_FILE)
@@ -192,7 +192,7 @@ class _EntryChecks:
             probs.append("environment differs from the ledger's shipped recipe")
         if dict(shipped.get("changes") or {}) != e.recipe.changes_from_campaign_baseline:
             probs.append("changes differ from the ledger's shipped row")
-        from attune.spec import load_spec
+        from attune.control.spec import load_spec
         from attune.ttb.submit import diff_args
 
         pub = ev / "public-recipe.yaml"
@@ -205,7 +205,7 @@ class _EntryChecks:
 
     def throughput(self) -> tuple[str, None]:
         e, ev, state, spec, shipped_id = self.e, self.ev, self.state, self.spec, self.shipped_id
-        from attune.launch import score_run
+        from attune.control.plane import score_run
 
         t = e.throughput
         measured = {r["run_id"]: r for r in state.remeasurements}
@@ -242,7 +242,7 @@ class _EntryChecks:
 
     def _calibration_problems(self, rescore: Callable[[str], float | None]) -> list[str]:
         """The calibration logs, scored again, give the ledger's values and the entry's band."""
-        from attune.measure import calibrate
+        from attune.core.measure import calibrate
 
         e, state, spec = self.e, self.state, self.spec
         t = e.throughput
@@ -275,7 +275,7 @@ class _EntryChecks:
 
     def _curves_and_resolved(self) -> dict[str, tuple[dict[int, float | None], dict[str, str], dict[str, str]]]:
         e, ev, spec = self.e, self.ev, self.spec
-        from attune.metrics import read_losses, read_resolved_args
+        from attune.readers.metrics import read_losses, read_resolved_args
 
         out = {}
         for role, rid in (("baseline", e.gate.baseline_check_run), ("candidate", e.gate.candidate_check_run)):

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from attune.vocab import RunOutcome
+from attune.core.vocab import RunOutcome
 
 ArgValue = str | int | float | bool | None
 

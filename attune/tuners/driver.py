@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from attune.measure import EARLY_ABORT_STEPS, PRUNER
+from attune.core.measure import EARLY_ABORT_STEPS, PRUNER
+from attune.core.vocab import RECIPE_FAILURES, RunOutcome
 from attune.tuners.base import Candidate, Outcome, Tuner
-from attune.vocab import RECIPE_FAILURES, RunOutcome
 
-__all__ = ["EARLY_ABORT_STEPS", "ControlPlane", "DriveResult", "drive"]  # the constant: attune.measure's
+__all__ = ["EARLY_ABORT_STEPS", "ControlPlane", "DriveResult", "drive"]  # the constant: attune.core.measure's
 
 
 class ControlPlane(Protocol):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from attune.spec import CampaignSpec
+from attune.control.spec import CampaignSpec
 from attune.tuners.base import ArgValue, Tuner
 from attune.tuners.heuristic import HeuristicTuner
 from attune.tuners.knobs import KNOB_PRIORITY, KnobSpace
@@ -54,7 +54,7 @@ def space_and_baseline(spec: CampaignSpec) -> tuple[dict[str, list[ArgValue]], d
 def catalog_guidance(spec: CampaignSpec, keys: list[str]) -> tuple[list[str], dict[str, str]]:
     """Lever order (larger typical effect first) and hypotheses for the space's keys, from the catalog."""
     try:
-        from attune.catalog import load_catalog
+        from attune.knowledge.catalog import load_catalog
 
         catalog = load_catalog()
     except Exception:  # the tuner still runs without the catalog, in the campaign's order
@@ -84,7 +84,7 @@ RECOMPUTE_FLAGS = ("--recompute-method", "--recompute-num-layers", "--recompute-
 
 def _split_fits(layers: int, pp: int, args: dict[str, ArgValue]) -> bool:
     """Whether the recipe's pipeline-split flags still split the layers over `pp` stages."""
-    from attune.layouts import LayoutError, pipeline_split
+    from attune.knowledge.layouts import LayoutError, pipeline_split
 
     def num(flag: str) -> int | None:
         v = args.get(flag)
@@ -109,7 +109,7 @@ def layout_coupler(spec: CampaignSpec) -> Callable[[dict[str, ArgValue], str, Ar
     enumerator knows the model (else no coupler, and degrees move alone)."""
     import math as _math
 
-    from attune.layouts import LayoutError, LayoutOptions, enumerate_layouts, find_model
+    from attune.knowledge.layouts import LayoutError, LayoutOptions, enumerate_layouts, find_model
 
     try:
         model = find_model(spec.model)

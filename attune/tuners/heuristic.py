@@ -19,8 +19,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from attune.core.vocab import RunOutcome
 from attune.tuners.base import ArgValue, Candidate, Outcome, Tuner, recipe_key
-from attune.vocab import RunOutcome
 
 MEMORY_SAVERS: dict[str, ArgValue] = {"--recompute-granularity": "full", "--recompute-activations": True}
 LAYOUT_FLAGS = frozenset({"--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",

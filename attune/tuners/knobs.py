@@ -8,7 +8,7 @@ the recomputation presets of `--recompute-granularity`; `KnobSpace.to_args` turn
 recipe's flags with the co-changes the paper's launcher applied (sequence parallelism with TP, the
 dispatcher's companion flags, the data-parallel overlaps off where they hang with expert data
 parallelism on GLM-4.5). A draw that breaks a constraint read from the framework (the layout rules of
-`attune.layouts`, the split, the dispatcher's reach) raises `Infeasible`.
+`attune.knowledge.layouts`, the split, the dispatcher's reach) raises `Infeasible`.
 
 `KnobPlane` puts that translation in front of any `ControlPlane` (`attune.tuners.driver`): it hands the
 control plane the draw's flag changes relative to the baseline, and answers an infeasible draw as
@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from attune.layouts import LayoutError, find_model, pipeline_split
-from attune.spec import CampaignSpec
+from attune.control.spec import CampaignSpec
+from attune.knowledge.layouts import LayoutError, find_model, pipeline_split
 from attune.tuners.base import ArgValue, Candidate, Outcome
 from attune.tuners.prefilter import recipe_layout, recipe_memory
 

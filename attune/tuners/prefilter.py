@@ -1,8 +1,8 @@
 """The memory pre-filter: the skill's memory estimate in front of a tuner, as a direct Python call.
 
 `recipe_memory(spec, args)` estimates each pipeline stage's peak memory for a recipe's full flags with
-`attune.memory_estimate.estimate` (the formulas the skill's `memory.py` prints), after checking the
-layout with the layout enumerator's rules (`attune.layouts.layout_from_degrees`). `memory_prefilter`
+`attune.knowledge.memory_estimate.estimate` (the formulas the skill's `memory.py` prints), after checking the
+layout with the layout enumerator's rules (`attune.knowledge.layouts.layout_from_degrees`). `memory_prefilter`
 turns it into the filter `tpe-prefilter` puts in front of TPE: a draw whose estimate, with the margin,
 exceeds the GPU's memory, or whose layout is infeasible, is scored zero without a launch.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from attune.layouts import Layout, LayoutError, ModelDims, find_model, layout_from_degrees
-from attune.memory_estimate import MemoryEstimate, MemoryOptions, accelerator_gib, estimate
-from attune.spec import CampaignSpec
+from attune.control.spec import CampaignSpec
+from attune.knowledge.layouts import Layout, LayoutError, ModelDims, find_model, layout_from_degrees
+from attune.knowledge.memory_estimate import MemoryEstimate, MemoryOptions, accelerator_gib, estimate
 from attune.tuners.base import ArgValue
 
 DEFAULT_MARGIN = 0.10  # the memory estimate's default: allocator fragmentation and communication buffers
@@ -53,7 +53,7 @@ def recipe_layout(spec: CampaignSpec, args: dict[str, ArgValue]) -> tuple[Layout
 
 def recipe_memory(spec: CampaignSpec, args: dict[str, ArgValue], margin: float = DEFAULT_MARGIN,
                   ) -> tuple[MemoryEstimate | None, str | None]:
-    """The skill's memory estimate (`attune.memory_estimate.estimate`) for a recipe's full flags:
+    """The skill's memory estimate (`attune.knowledge.memory_estimate.estimate`) for a recipe's full flags:
     (the estimate, None), or (None, why the layout is infeasible for the model and GPU count)."""
     try:
         layout, microbatches = recipe_layout(spec, args)

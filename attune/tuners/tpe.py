@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import optuna
 
+from attune.core.vocab import RunOutcome
 from attune.tuners.base import ArgValue, Candidate, Outcome, Tuner, recipe_key
-from attune.vocab import RunOutcome
 
 Prefilter = Callable[[dict[str, ArgValue]], str | None]  # returns a reason to skip, or None
 

@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from attune.job import JobSpec
+from attune.core.job import JobSpec
 
 __all__ = ["Backend", "BackendError", "BackendUnavailable", "JobSpec", "JobState", "JobStatus"]
 

@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from attune.campaign_paths import RUN_JOB
+from attune.core.campaign_paths import RUN_JOB
 from broker.backends.base import BackendError, JobSpec, JobState, JobStatus
 
 EXIT_FILE = "exit_status"

@@ -44,8 +44,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from attune.campaign_paths import RUN_LOG
-from attune.spec import RayCluster
+from attune.control.spec import RayCluster
+from attune.core.campaign_paths import RUN_LOG
 from broker.backends.base import BackendError, BackendUnavailable, JobSpec, JobState, JobStatus
 
 SCRIPT_FILE = "job.ray.sh"

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from attune.campaign_paths import RUN_LOG
+from attune.core.campaign_paths import RUN_LOG
 from broker.backends.base import BackendError, JobSpec, JobState, JobStatus
 
 SCRIPT_NAME = "job.sbatch"

@@ -6,7 +6,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from attune import plugin_servers
+from attune.core import plugin_servers
 from tests.e2e.harness import ROOT, clean_env
 
 

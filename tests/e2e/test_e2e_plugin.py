@@ -34,8 +34,8 @@ from typing import Any
 
 import pytest
 
-from attune import plugin_servers
-from attune.state import load as load_state
+from attune.core import plugin_servers
+from attune.core.state import load as load_state
 from tests.e2e.git_server import serve_snapshot
 from tests.e2e.harness import ROOT, clean_env, stream_events
 from tests.e2e.model_server import Block, ScriptedModel, all_text, result_text, text, tool_results, tool_use
@@ -310,8 +310,8 @@ def test_an_unreachable_package_index_fails_clearly_and_non_zero(claude: str, ma
 def test_the_launchers_block_cap_keeps_a_blocked_session_going(claude: str, tmp_path: Path) -> None:
     """Claude Code overrides a Stop hook after 8 consecutive blocks; with the cap `attune tune` sets,
     the plugin's Stop hook keeps blocking (the campaign is not done) and the session goes on."""
-    from attune import campaign as campaign_mod
-    from attune.launcher import STOP_HOOK_BLOCK_CAP
+    from attune.app.headless import STOP_HOOK_BLOCK_CAP
+    from attune.control import campaign as campaign_mod
     from tests._broker_helpers import FAKE_LIST, FAKE_SPEC
     from tests.e2e.harness import run_session
 

@@ -1,7 +1,7 @@
 """Defence in depth in the real Claude Code: what the policy lets through, the OS sandbox still stops.
 
 A campaign session runs with attune's hooks and the sandbox settings the headless launcher passes
-(`attune/sandbox.py`), but with a policy.yaml that lists `bash` as an extra command: a misconfigured
+(`attune/app/sandbox.py`), but with a policy.yaml that lists `bash` as an extra command: a misconfigured
 policy, under which the PreToolUse hook allows `bash -c '...'`. The scripted agent then tries to
 rewrite the ledger and the spec, create a policy file, write outside the campaign, read the broker's
 token, another campaign's ledger, the ledger keys and the plugin's data, and reach a local HTTP
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from attune import campaign as campaign_mod
-from attune import sandbox
+from attune.app import sandbox
+from attune.control import campaign as campaign_mod
 from tests.e2e.harness import ROOT, run_session
 from tests.e2e.model_server import Block, ScriptedModel, result_text, tool_results, tool_use
 

@@ -29,10 +29,10 @@ from typing import Any
 import pytest
 import yaml
 
-from attune import campaign as campaign_mod
-from attune import plugin_servers
-from attune.ledger import Ledger
-from attune.state import load as load_state
+from attune.control import campaign as campaign_mod
+from attune.core import plugin_servers
+from attune.core.ledger import Ledger
+from attune.core.state import load as load_state
 from tests._broker_helpers import wait_for
 from tests.e2e.harness import ROOT, run_session
 from tests.e2e.model_server import Block, ScriptedModel, all_text, result_text, text, tool_results, tool_use

@@ -23,9 +23,9 @@ from typing import Any
 
 import yaml
 
-from attune import campaign as campaign_mod
-from attune import ledger
-from attune.state import load
+from attune.control import campaign as campaign_mod
+from attune.core import ledger
+from attune.core.state import load
 from tests._broker_helpers import FAKE_LIST, FAKE_SPEC, deep_update, wait_for
 from tests.e2e.harness import ROOT, clean_env
 from tests.e2e.model_server import Block, ScriptedModel, result_text, text, tool_results, tool_use

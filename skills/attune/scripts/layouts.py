@@ -7,7 +7,7 @@ from pathlib import Path
 # The plugin root holds the attune package; the script needs only the standard library and PyYAML.
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from attune.skilltools import layouts_main  # noqa: E402
+from attune.knowledge.skilltools import layouts_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(layouts_main())

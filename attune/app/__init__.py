@@ -1,0 +1,1 @@
+"""The application: the `attune` CLI, the campaign runner, reports and the headless launcher."""

@@ -1,0 +1,275 @@
+"""`attune gate`: the correctness gate from the command line.
+
+    attune gate check --model M --baseline RECIPE (--candidate RECIPE | --set FLAG[=V] ...) [--json]
+    attune gate check --model M --resolved --baseline LOG --candidate LOG [--baseline-env F] [--candidate-env F]
+    attune gate converge BASELINE CANDIDATE [--json]
+    attune gate explain ARG --model M [--json]
+    attune gate lists [--json]
+    attune gate validate [--json]            (tinygpt runs with known answers)
+    attune gate component [--compile] [--json]   (tinygpt component tests against the lists)
+
+Exit codes: 0 the candidate passes, 1 it is refused/rejected, 2 bad input.
+The JSON shapes are documented in docs/gate.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from attune.core.errors import EXIT_FAILED, EXIT_OK, UsageError
+from attune.core.output import add_json_flag, emit_json
+from attune.readers.metrics import read_resolved_args
+from gate import config_check, convergence, inputs, judge, lists, noise, validate
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("gate", help="the correctness gate: configuration and convergence checks",
+                                   description="The correctness gate: a faster recipe ships only if it trains the "
+                                   "same objective.")
+    sub = parser.add_subparsers(dest="gate_command", metavar="GATE_COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("check", help="layer 1: classify every change of a candidate against the model's list")
+    _add_list_args(p)
+    p.add_argument("--baseline", required=True, help="baseline recipe (JSON/YAML {args, env}); with --resolved, "
+                   "a training log or JSON {args: {attribute: value}, env}")
+    p.add_argument("--candidate", help="candidate recipe, same form as --baseline")
+    p.add_argument("--set", action="append", default=[], metavar="FLAG[=VALUE]",
+                   help="change the baseline: tensor-model-parallel-size=2, or a bare flag: sequence-parallel")
+    p.add_argument("--unset", action="append", default=[], metavar="FLAG", help="remove a flag from the baseline")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="set an environment variable in the candidate")
+    p.add_argument("--resolved", action="store_true",
+                   help="compare fully resolved arguments (of check runs) instead of recipes")
+    p.add_argument("--baseline-env", help="with --resolved: the baseline run's environment (JSON or KEY=VALUE lines)")
+    p.add_argument("--candidate-env", help="with --resolved: the candidate run's environment")
+    add_json_flag(p)
+    p.set_defaults(func=run_check)
+
+    p = sub.add_parser("converge", help="layer 2: the convergence check of a candidate's loss against the baseline's")
+    p.add_argument("baseline", help="baseline training log, or JSON {step: loss}")
+    p.add_argument("candidate", help="candidate training log, or JSON {step: loss}")
+    p.add_argument("--min-steps", type=int, default=convergence.ConvergenceConfig().min_steps,
+                   help="fewest common steps that can be judged (default %(default)s)")
+    p.add_argument("--replicate", action="append", default=[], metavar="RUN",
+                   help="a replicate run of the baseline's recipe (log or JSON curve); repeatable; sets the noise envelope")
+    p.add_argument("--calibration", action="append", default=[], metavar="RUN",
+                   help="a calibration run of the baseline (its steps that overlap count); repeatable")
+    p.add_argument("--precision", choices=sorted(noise.FLOOR_BY_PRECISION),
+                   help="compute precision, sets the noise floor (default: the baseline log's arguments, else fp32)")
+    p.add_argument("--k-sigma", type=float, default=noise.NoiseConfig().k_sigma,
+                   help="envelope half-width in noise units (default %(default)s)")
+    add_json_flag(p)
+    p.set_defaults(func=run_converge)
+
+    p = sub.add_parser("explain", help="an argument's class on a model, and why")
+    p.add_argument("name", help="a flag (--sequence-parallel), attribute (sequence_parallel) or environment variable")
+    _add_list_args(p)
+    add_json_flag(p)
+    p.set_defaults(func=run_explain)
+
+    p = sub.add_parser("lists", help="the built-in correctness lists and their SHA-256")
+    add_json_flag(p)
+    p.set_defaults(func=run_lists)
+
+    validate.register_cli(sub)  # `gate validate` and `gate component` (tinygpt runs; torch imported lazily)
+
+
+def _add_list_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--model", help=f"built-in list: {', '.join(lists.builtin_models())}")
+    g.add_argument("--list", dest="list_path", help="path to a correctness list file")
+    p.add_argument("--list-sha256", help="the hash the campaign pins; a different list is refused")
+
+
+def _load(args: argparse.Namespace) -> lists.LoadedList:
+    try:
+        return lists.load_list(args.model or args.list_path, expected_sha256=args.list_sha256)
+    except lists.ListError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _flag(text: str) -> str:
+    t = text.strip()
+    if not t:
+        raise UsageError("empty flag name")
+    return t if t.startswith("--") else "--" + t
+
+
+def run_check(args: argparse.Namespace) -> int:
+    loaded = _load(args)
+    try:
+        if args.resolved:
+            if args.set or args.unset or args.env:
+                raise UsageError("--set/--unset/--env apply to recipes; with --resolved give --candidate")
+            if not args.candidate:
+                raise UsageError("--resolved needs --candidate (a check run's log or resolved-args JSON)")
+            b_args, b_env = inputs.load_resolved(args.baseline)
+            c_args, c_env = inputs.load_resolved(args.candidate)
+            if args.baseline_env:
+                b_env = {**b_env, **inputs.load_env(args.baseline_env)}
+            if args.candidate_env:
+                c_env = {**c_env, **inputs.load_env(args.candidate_env)}
+            result = config_check.check_resolved(loaded, b_args, c_args, b_env, c_env)
+        else:
+            if args.baseline_env or args.candidate_env:
+                raise UsageError("--baseline-env/--candidate-env go with --resolved; recipes carry their env")
+            b_args, b_env = inputs.load_recipe(args.baseline)
+            if args.candidate:
+                c_args, c_env = inputs.load_recipe(args.candidate)
+            else:
+                c_args, c_env = dict(b_args), dict(b_env)
+            changes: dict[str, Any] = {}
+            for item in args.set:
+                flag, eq, value = item.partition("=")
+                changes[_flag(flag)] = value if eq else True
+            for item in args.unset:
+                changes[_flag(item)] = None
+            c_args = config_check.apply_changes(c_args, changes)
+            for item in args.env:
+                key, eq, value = item.partition("=")
+                if not eq or not key:
+                    raise UsageError(f"--env expects KEY=VALUE, got {item!r}")
+                c_env[key] = value
+            if not args.candidate and not changes and not args.env:
+                raise UsageError("give --candidate or at least one --set/--unset/--env change")
+            result = config_check.check_recipe(loaded, b_args, c_args, b_env, c_env)
+    except (inputs.InputError, ValueError) as exc:
+        raise UsageError(str(exc)) from exc
+    if args.json:
+        emit_json({**result.model_dump(mode="json"), "summary": result.summary()})
+    else:
+        _print_check(result)
+    return EXIT_OK if result.passed else EXIT_FAILED
+
+
+def _print_check(result: config_check.ConfigCheckResult) -> None:
+    print(f"model {result.model} (list sha256 {result.list_sha256[:16]}), {result.mode} check")
+    if not result.changes:
+        print("  no changes")
+    for c in result.changes:
+        mark = "ok     " if c.allowed else "REFUSED"
+        label = c.flag or c.name
+        print(f"  {mark} {label} [{c.klass}] {c.baseline!r} -> {c.candidate!r}: {c.reason}")
+    for r in result.refusals:
+        if r.klass == "defect" or (r.klass == "frozen" and r.name not in {c.name for c in result.changes}):
+            print(f"  REFUSED {r.name} [{r.klass}]: {r.reason}")
+    print("PASS" if result.passed else f"REFUSED ({len(result.refusals)} reason(s))")
+
+
+def run_converge(args: argparse.Namespace) -> int:
+    try:
+        base = inputs.load_curve(args.baseline)
+        cand = inputs.load_curve(args.candidate)
+        runs = ([(Path(p).name, "replicate", inputs.load_curve(p)) for p in args.replicate]
+                + [(Path(p).name, "calibration", inputs.load_curve(p)) for p in args.calibration])
+    except inputs.InputError as exc:
+        raise UsageError(str(exc)) from exc
+    if args.min_steps < 2:
+        raise UsageError("--min-steps must be at least 2")
+    if not (args.k_sigma > 0 and math.isfinite(args.k_sigma)):
+        raise UsageError("--k-sigma must be a positive number")
+    precision = args.precision or _log_precision(args.baseline)
+    ncfg = noise.config_for(precision, k_sigma=args.k_sigma, min_steps=args.min_steps)
+    g = judge.judge(base, cand, replicates=runs, reference_config=convergence.ConvergenceConfig(min_steps=args.min_steps),
+                    noise_config=ncfg)
+    result, na = g.reference, g.noise_aware
+    if args.json:
+        emit_json({**result.model_dump(mode="json"), "passed": g.passed, "summary": g.summary,
+                   "reasons": g.reasons, "reference_passed": result.passed, "reference_summary": result.summary(),
+                   "reference_reasons": result.reasons, "precision": precision,
+                   "noise_aware": _noise_json(na), "excused": [e.model_dump() for e in g.excused],
+                   "reference_common": g.reference_common.model_dump(mode="json") if g.reference_common else None,
+                   "deviation": convergence.loss_deviation(base, cand),
+                   "baseline": str(args.baseline), "candidate": str(args.candidate)})
+    else:
+        print(g.summary)
+        print(f"reference rule: {result.summary()}")
+        if result.checks is not None:
+            c = result.checks
+            corr = "undefined" if c.correlation.value is None else f"{c.correlation.value:.5f}"
+            print(f"  correlation   {corr} (min {c.correlation.threshold})  {'ok' if c.correlation.passed else 'FAIL'}")
+            print(f"  point-wise    {c.pointwise.failing_steps}/{c.pointwise.compared_steps} failing, "
+                  f"max diff {c.pointwise.max_rel_diff:.4%}  {'ok' if c.pointwise.passed else 'FAIL'}")
+            print(f"  final loss    {c.final_loss.candidate:.6g} vs {c.final_loss.baseline:.6g} "
+                  f"({c.final_loss.rel_diff:.4%}, max {c.final_loss.tolerance:.0%})  "
+                  f"{'ok' if c.final_loss.passed else 'FAIL'}")
+            print(f"  outliers      {c.outliers.count} ({c.outliers.ratio:.0%}, max {c.outliers.max_ratio:.0%})  "
+                  f"{'ok' if c.outliers.passed else 'FAIL'}")
+        for p in result.data_problems:
+            print(f"  data: {p}")
+        for e in g.excused:
+            print(f"  excused ({e.check}): {e.why}")
+        print(na.summary())
+        if na.level is not None and na.trend is not None and na.pointwise is not None:
+            print(f"  level         {na.level.mean_rel_diff:+.4%} = {na.level.mean_z:+.2f} noise units "
+                  f"(limit {na.level.limit_z:g})  {'ok' if na.level.passed else 'FAIL'}")
+            print(f"  trend         {na.trend.drift_rel:+.4%} over the window = {na.trend.drift_z:+.2f} noise units  "
+                  f"{'ok' if na.trend.passed else 'FAIL'}")
+            print(f"  envelope      {na.pointwise.outside}/{na.pointwise.compared} steps outside "
+                  f"(allowed {na.pointwise.allowed})  {'ok' if na.pointwise.passed else 'FAIL'}")
+        print(f"  envelope: {na.envelope.basis}")
+        for n in na.notes:
+            print(f"  note: {n}")
+    return EXIT_OK if g.passed else EXIT_FAILED
+
+
+def _log_precision(source: str) -> str:
+    try:
+        return noise.precision_of(read_resolved_args(source, inputs.DEFAULT_FRAMEWORK))
+    except (OSError, ValueError):
+        return "fp32"
+
+
+def _noise_json(na: noise.NoiseAwareResult) -> dict:
+    doc = na.model_dump(mode="json")
+    doc["summary"] = na.summary()
+    env = doc["envelope"]
+    env["sigma_rel"] = {str(k): v for k, v in env["sigma_rel"].items()}
+    env["samples"] = {str(k): v for k, v in env["samples"].items()}
+    return doc
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    loaded = _load(args)
+    info = config_check.explain_arg(loaded, args.name)
+    info = {"model": loaded.model, "list_sha256": loaded.sha256, **info}
+    if args.json:
+        emit_json(info)
+    else:
+        print(f"{info['name']} on {loaded.model}: {info['class']}")
+        print(f"  why: {info['why']}")
+        for key in ("flag", "default", "value", "values", "component_test", "component_evidence", "pattern"):
+            if info.get(key) is not None:
+                print(f"  {key}: {info[key]}")
+        if info.get("defects"):
+            print(f"  known defects that read it: {', '.join(info['defects'])}")
+        print(f"  a change is {info['verdict_on_change']}")
+    return EXIT_OK
+
+
+def run_lists(args: argparse.Namespace) -> int:
+    rows = []
+    for m in lists.builtin_models():
+        try:
+            loaded = lists.load_list(m)
+        except lists.ListError as exc:
+            print(f"attune gate lists: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        c = loaded.clist
+        classes: dict[str, int] = {}
+        for e in c.args.values():
+            classes[e.klass] = classes.get(e.klass, 0) + 1
+        rows.append({"model": m, "path": str(loaded.path), "sha256": loaded.sha256, "args": len(c.args),
+                     "classes": classes, "env": len(c.env), "env_patterns": len(c.env_patterns),
+                     "defects": [d.id for d in c.defects]})
+    if args.json:
+        emit_json({"lists": rows})
+    else:
+        for r in rows:
+            print(f"{r['model']:<16} {r['sha256']}  {r['args']} args, {len(r['defects'])} defects")
+    return EXIT_OK

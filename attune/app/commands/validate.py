@@ -1,0 +1,69 @@
+"""`attune validate campaign.yaml`: check a campaign spec."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from attune.control.spec import SpecError, load_spec, spec_sha256
+from attune.core.errors import EXIT_OK, EXIT_USAGE
+from attune.core.output import add_json_flag, emit_json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("validate", help="check a campaign.yaml; every problem is printed with its field")
+    p.add_argument("spec", help="campaign.yaml, or a campaign directory holding one")
+    add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def _gate_list_problem(spec: Any, where: str) -> str | None:
+    """The correctness list resolved exactly as the broker resolves it (a bare name is a built-in list)."""
+    from attune.control.plane import gate_list_source
+    from gate.lists import ListError, load_list
+
+    p = Path(where)
+    campaign_dir = p if p.is_dir() else p.parent
+    try:
+        load_list(gate_list_source(spec, campaign_dir), expected_sha256=spec.gate.list_sha256)
+    except (ListError, OSError) as exc:
+        return f"the correctness list cannot be used: {str(exc).splitlines()[0]}"
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as exc:
+        if args.json:
+            emit_json({"valid": False, **exc.as_dict()})
+        else:
+            print(str(exc), file=sys.stderr)
+        return EXIT_USAGE
+    problem = _gate_list_problem(spec, args.spec)
+    if problem is not None:
+        exc = SpecError(args.spec, [("gate.lists", problem)])
+        if args.json:
+            emit_json({"valid": False, **exc.as_dict()})
+        else:
+            print(str(exc), file=sys.stderr)
+        return EXIT_USAGE
+    digest = spec_sha256(args.spec)
+    summary = {
+        "name": spec.name,
+        "model": spec.model,
+        "framework": spec.framework,
+        "backend": spec.cluster.backend,
+        "gpus": spec.cluster.gpus,
+        "tokens_per_step": spec.workload.tokens,
+        "window": list(spec.workload.window),
+        "budget_gpu_hours": spec.budget.gpu_hours,
+    }
+    if args.json:
+        emit_json({"valid": True, "file": str(args.spec), "sha256": digest, "problems": [], "campaign": summary})
+    else:
+        print(f"{args.spec}: valid campaign {spec.name!r} ({spec.model} on {spec.cluster.gpus} x "
+              f"{spec.cluster.accelerator}, {spec.cluster.backend} backend); sha256 {digest[:12]}")
+    return EXIT_OK

@@ -1,0 +1,385 @@
+"""The campaign report: Markdown and a self-contained HTML page, both from the ledger.
+
+The headline: baseline and shipped tokens/s/GPU (the final re-measurement where there is one,
+else the calibration mean and the shipped run's own measurement), the gain, the band, the
+GPU-hours the campaign used, launches and failed launches, cost per million tokens, MFU where the
+model's FLOPs per token and the accelerator's peak are known, and payback days.
+
+The plot is the best-so-far gain over the baseline against charged GPU-hours (a step curve, with
+the band drawn as a dashed line), drawn as inline SVG so the page needs nothing from outside.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attune.core import ledger as ledger_mod
+from attune.core.campaign_paths import CAMPAIGN_FILE, REPORT_HTML, REPORT_MD
+from attune.core.hardware import peak_flops
+from attune.core.measure import cost_per_million_tokens, gain, mfu, payback_days
+from attune.core.state import CampaignState, fold
+from attune.core.vocab import RECIPE_FAILURES, RunKind
+
+
+@dataclass
+class Headline:
+    name: str | None
+    gpus: int | None
+    baseline_tps: float | None
+    shipped_tps: float | None
+    shipped_run_id: str | None
+    gain: float | None
+    band: float | None
+    rel_sigma: float | None
+    gpu_hours_used: float
+    launches: int
+    failed_launches: int
+    failed_gpu_hours: float
+    launches_refused: int
+    baseline_cost_per_mtok: float | None = None
+    shipped_cost_per_mtok: float | None = None
+    baseline_mfu: float | None = None
+    shipped_mfu: float | None = None
+    payback_days: float | None = None
+    remeasured: bool = False
+    stop_reason: str | None = None
+    final_gpu_hours: float = 0.0  # the final re-measurement, outside the budget
+    outcome: str = "running"  # shipped | failed | running
+    failure: str | None = None  # why the campaign ended failed (no valid evidence)
+
+
+@dataclass
+class Report:
+    headline: Headline
+    curve: list[tuple[float, float]]  # (cumulative charged GPU-hours, best-so-far gain)
+    leader_points: list[tuple[float, float, str]]
+    runs: list[dict[str, Any]]
+    shipped: dict[str, Any] | None
+    checks: list[dict[str, Any]]
+    assumptions: list[dict[str, Any]]
+    stop: dict[str, Any] | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        h = self.headline.__dict__.copy()
+        return {
+            "headline": h,
+            "curve": [{"gpu_hours": x, "best_gain": y} for x, y in self.curve],
+            "runs": self.runs,
+            "shipped": self.shipped,
+            "checks": self.checks,
+            "assumptions": self.assumptions,
+            "stop": self.stop,
+        }
+
+
+def _spec_facts(campaign_dir: Path) -> dict[str, Any]:
+    """Price, accelerator, precision and FLOPs per token from the spec, where it loads."""
+    try:
+        from attune.control.spec import load_spec
+
+        spec = load_spec(campaign_dir / CAMPAIGN_FILE)
+    except Exception:  # a report is still useful without the spec
+        return {}
+    return {
+        "price": spec.cluster.price_per_gpu_hour,
+        "accelerator": spec.cluster.accelerator,
+        "precision": spec.workload.precision,
+        "flops_per_token": spec.workload.flops_per_token,
+    }
+
+
+def _remeasured(state: CampaignState, recipe_of: str) -> list[float]:
+    """A recipe's final repeats: the valid ones, else (a busy machine) every one that measured something."""
+    rows = [r for r in state.remeasurements if r.get("recipe_of") == recipe_of]
+    valid = [float(r["tokens_per_s_per_gpu"]) for r in rows if r.get("valid", True)]
+    return valid or [float(r["tokens_per_s_per_gpu"]) for r in rows]
+
+
+def build(campaign_dir: Path | str) -> Report:
+    d = Path(campaign_dir)
+    rows = ledger_mod.read(d).rows
+    state = fold(rows)
+    facts = _spec_facts(d)
+    cal = state.calibration
+    base_mean = cal.mean if cal else None
+
+    # Best-so-far curve in ledger order.
+    cum = 0.0
+    best = 0.0
+    curve: list[tuple[float, float]] = [(0.0, 0.0)]
+    leader_points: list[tuple[float, float, str]] = []
+    for row in rows:
+        if row.type == "run_finished" and row.data.get("charged_to", "budget") != "infra":
+            cum += float(row.data["charge_gpu_hours"])
+            curve.append((cum, best))
+        elif row.type == "leader_changed" and base_mean:
+            best = max(best, gain(float(row.data["tokens_per_s_per_gpu"]), base_mean))
+            curve.append((cum, best))
+            leader_points.append((cum, best, str(row.data["run_id"])))
+
+    shipped = state.shipped
+    shipped_id = shipped.get("run_id") if shipped else None
+    remeasured = False
+    baseline_tps = base_mean
+    shipped_tps: float | None = None
+    if shipped:
+        base_re = _remeasured(state, "baseline")
+        ship_re = _remeasured(state, shipped_id or "baseline")
+        if base_re and ship_re:
+            baseline_tps, shipped_tps, remeasured = statistics.fmean(base_re), statistics.fmean(ship_re), True
+        elif shipped_id == "baseline":
+            shipped_tps = base_mean
+        elif shipped_id in state.runs:
+            shipped_tps = state.runs[shipped_id].tokens_per_s_per_gpu
+        if shipped.get("tokens_per_s_per_gpu") is not None and not remeasured:
+            shipped_tps = float(shipped["tokens_per_s_per_gpu"])
+    g = gain(shipped_tps, baseline_tps) if shipped_tps and baseline_tps else None
+
+    searches = [r for r in state.runs.values() if r.kind == RunKind.SEARCH]
+    failed = [r for r in searches if r.outcome in RECIPE_FAILURES]
+    used = state.budget.charged
+    h = Headline(
+        name=state.name,
+        outcome="failed" if state.failed else ("shipped" if state.shipped else "running"),
+        failure=str(state.failed.get("reason")) if state.failed else None,
+        gpus=state.gpus,
+        baseline_tps=baseline_tps,
+        shipped_tps=shipped_tps,
+        shipped_run_id=shipped_id,
+        gain=g,
+        band=cal.band if cal else None,
+        rel_sigma=cal.rel_sigma if cal else None,
+        gpu_hours_used=used,
+        launches=len(searches),
+        failed_launches=len(failed),
+        failed_gpu_hours=sum(r.charge_gpu_hours for r in failed),
+        launches_refused=state.launches_refused,
+        remeasured=remeasured,
+        stop_reason=(state.stop or {}).get("diagnosis"),
+        final_gpu_hours=state.budget.final_charged,
+    )
+    price = facts.get("price")
+    if price is not None:
+        if baseline_tps:
+            h.baseline_cost_per_mtok = cost_per_million_tokens(baseline_tps, price)
+        if shipped_tps:
+            h.shipped_cost_per_mtok = cost_per_million_tokens(shipped_tps, price)
+    peak = peak_flops(facts.get("accelerator", ""), facts.get("precision", "")) if facts else None
+    fpt = facts.get("flops_per_token")
+    if peak and fpt:
+        h.baseline_mfu = mfu(fpt, baseline_tps, peak) if baseline_tps else None
+        h.shipped_mfu = mfu(fpt, shipped_tps, peak) if shipped_tps else None
+    if g is not None and state.gpus:
+        h.payback_days = payback_days(used, state.gpus, g)
+
+    runs = []
+    for r in state.runs.values():
+        runs.append({
+            "run_id": r.run_id,
+            "kind": r.kind,
+            "lever": r.lever,
+            "hypothesis": r.hypothesis,
+            "changes": r.changes,
+            "outcome": r.outcome,
+            "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu,
+            "gain": gain(r.tokens_per_s_per_gpu, base_mean) if (r.tokens_per_s_per_gpu and base_mean) else None,
+            "charge_gpu_hours": r.charge_gpu_hours,
+            "verdict": r.verdict,
+            "valid": r.valid,
+            "diagnosis": (state.diagnoses.get(r.run_id) or {}).get("text"),
+            "bottleneck": (state.diagnoses.get(r.run_id) or {}).get("bottleneck"),
+        })
+    return Report(h, curve, leader_points, runs, shipped, list(state.checks), list(state.assumptions), state.stop)
+
+
+# ---- rendering ---------------------------------------------------------------------------
+def _f(x: float | None, spec: str = ",.1f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:+.1%}"
+
+
+def _changes(ch: dict[str, Any] | None) -> str:
+    if not ch:
+        return ""
+    parts = []
+    for section in ("args", "env"):
+        for k, v in (ch.get(section) or {}).items():
+            parts.append(f"{k}={'unset' if v is None else v}")
+    if not parts:
+        parts = [f"{k}={v}" for k, v in ch.items()]
+    return ", ".join(parts)
+
+
+def _diagnosis(run: dict[str, Any]) -> str:
+    text = " ".join(str(run.get("diagnosis") or "").split())
+    if run.get("bottleneck"):
+        text = f"{run['bottleneck']}: {text}"
+    return text.replace("|", "/")
+
+
+def headline_lines(r: Report) -> list[tuple[str, str]]:
+    h = r.headline
+    outcome = {"failed": f"FAILED: {h.failure}", "shipped": "shipped"}.get(h.outcome, "not finished yet")
+    return [
+        ("outcome", outcome),
+        ("baseline", f"{_f(h.baseline_tps)} tokens/s/GPU"),
+        ("shipped", f"{_f(h.shipped_tps)} tokens/s/GPU ({h.shipped_run_id or 'nothing shipped yet'})"),
+        ("gain", _pct(h.gain) + (" (final re-measurement)" if h.remeasured else "")),
+        ("band", "n/a" if h.band is None else f"{h.band:.2%} (calibration sigma {h.rel_sigma:.2%})"),
+        ("GPU-hours used", f"{h.gpu_hours_used:.4g}"
+         + (f" (+{h.final_gpu_hours:.3g} for the final re-measurement)" if h.final_gpu_hours else "")),
+        ("launches", f"{h.launches} ({h.failed_launches} failed, {h.failed_gpu_hours:.3g} GPU-h; "
+                     f"{h.launches_refused} refused before launch)"),
+        ("cost per million tokens", f"{_f(h.baseline_cost_per_mtok, '.4g')} -> {_f(h.shipped_cost_per_mtok, '.4g')}"),
+        ("MFU", "n/a (FLOPs per token or accelerator peak unknown)" if h.shipped_mfu is None
+         else f"{h.baseline_mfu:.1%} -> {h.shipped_mfu:.1%}"),
+        ("payback", "never (no gain)" if h.payback_days is None else f"{h.payback_days:.2f} days"),
+    ]
+
+
+def to_markdown(r: Report) -> str:
+    out = [f"# attune campaign report: {r.headline.name}", ""]
+    out += [f"- **{k}**: {v}" for k, v in headline_lines(r)]
+    out += ["", "## Best-so-far gain against charged GPU-hours", "", "| GPU-hours | best gain |", "|---|---|"]
+    out += [f"| {x:.4g} | {y:+.2%} |" for x, y in r.curve]
+    out += ["", "## Runs", "",
+            "| run | kind | lever | change | hypothesis | outcome | tok/s/GPU | gain | GPU-h | verdict | diagnosis |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for run in r.runs:
+        out.append(
+            f"| {run['run_id']} | {run['kind']} | {run['lever'] or ''} | {_changes(run['changes'])} | "
+            f"{(run['hypothesis'] or '').replace('|', '/')} | {run['outcome'] or ''} | {_f(run['tokens_per_s_per_gpu'])} | "
+            f"{_pct(run['gain'])} | {run['charge_gpu_hours']:.3g} | {run['verdict'] or ''} | {_diagnosis(run)} |"
+        )
+    out += ["", "## Shipped recipe", ""]
+    if r.shipped:
+        out.append(f"Shipped: **{r.shipped.get('run_id')}**; changes from the baseline: "
+                   f"`{_changes(r.shipped.get('changes')) or 'none'}`")
+    else:
+        out.append("Nothing shipped yet.")
+    if r.checks:
+        out += ["", "### Correctness evidence", ""]
+        for c in r.checks:
+            out.append(f"- {c.get('candidate_run_id')}: {'passed' if c.get('passed') else 'rejected'} "
+                       f"{json.dumps({k: v for k, v in c.items() if k not in ('seq',)}, default=str)}")
+    if r.stop:
+        out += ["", "## Stop", "", f"- diagnosis: {r.stop.get('diagnosis')}",
+                f"- levers tested: {', '.join(map(str, r.stop.get('levers_tested') or []))}"]
+    if r.assumptions:
+        out += ["", "## Assumptions taken", ""] + [f"- {a.get('question')} -> {a.get('default')}" for a in r.assumptions]
+    return "\n".join(out) + "\n"
+
+
+def svg_plot(r: Report, width: int = 720, height: int = 320) -> str:
+    ml, mr, mt, mb = 64, 20, 20, 44
+    pw, ph = width - ml - mr, height - mt - mb
+    xs = [x for x, _ in r.curve] or [0.0]
+    ys = [y for _, y in r.curve] or [0.0]
+    band = r.headline.band or 0.0
+    xmax = max(max(xs), 1e-9)
+    ymax = max(max(ys), band, 0.01) * 1.15
+    ymin = min(0.0, min(ys))
+
+    def sx(x: float) -> float:
+        return ml + pw * x / xmax
+
+    def sy(y: float) -> float:
+        return mt + ph * (1 - (y - ymin) / (ymax - ymin))
+
+    pts: list[str] = []
+    prev_y = None
+    for x, y in r.curve:
+        if prev_y is not None:
+            pts.append(f"{sx(x):.1f},{sy(prev_y):.1f}")
+        pts.append(f"{sx(x):.1f},{sy(y):.1f}")
+        prev_y = y
+    ticks = []
+    raw_step = (ymax - ymin) / 4
+    mag = 10 ** math.floor(math.log10(raw_step))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw_step)
+    yv = math.floor(ymin / step) * step
+    while yv <= ymax + 1e-12:
+        ticks.append(f'<line x1="{ml}" x2="{ml + pw}" y1="{sy(yv):.1f}" y2="{sy(yv):.1f}" stroke="#eee"/>'
+                     f'<text x="{ml - 6}" y="{sy(yv) + 4:.1f}" text-anchor="end" font-size="11">{yv:+.0%}</text>')
+        yv += step
+    for i in range(5):
+        xv = xmax * i / 4
+        ticks.append(f'<text x="{sx(xv):.1f}" y="{mt + ph + 16}" text-anchor="middle" font-size="11">{xv:.3g}</text>')
+    marks = "".join(
+        f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="4" fill="#1f77b4"><title>{html.escape(rid)}: {y:+.1%}</title></circle>'
+        for x, y, rid in r.leader_points
+    )
+    band_line = (f'<line x1="{ml}" x2="{ml + pw}" y1="{sy(band):.1f}" y2="{sy(band):.1f}" stroke="#d62728" '
+                 f'stroke-dasharray="6 4"/><text x="{ml + pw}" y="{sy(band) - 4:.1f}" text-anchor="end" '
+                 f'font-size="11" fill="#d62728">band {band:.1%}</text>') if band else ""
+    return (
+        f'<svg id="gain-plot" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="best-so-far gain against GPU-hours">'
+        f'<rect x="0" y="0" width="{width}" height="{height}" fill="white"/>{"".join(ticks)}{band_line}'
+        f'<line x1="{ml}" y1="{mt + ph}" x2="{ml + pw}" y2="{mt + ph}" stroke="#333"/>'
+        f'<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{mt + ph}" stroke="#333"/>'
+        f'<polyline id="gain-curve" fill="none" stroke="#1f77b4" stroke-width="2.5" points="{" ".join(pts)}"/>{marks}'
+        f'<text x="{ml + pw / 2}" y="{height - 8}" text-anchor="middle" font-size="12">charged GPU-hours</text>'
+        f'<text x="14" y="{mt + ph / 2}" text-anchor="middle" font-size="12" transform="rotate(-90 14 {mt + ph / 2})">'
+        f"best-so-far gain</text></svg>"
+    )
+
+
+def to_html(r: Report) -> str:
+    e = html.escape
+    head = "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in headline_lines(r))
+    run_rows = "".join(
+        "<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in (
+            run["run_id"], run["kind"], run["lever"] or "", _changes(run["changes"]), run["hypothesis"] or "",
+            run["outcome"] or "", _f(run["tokens_per_s_per_gpu"]), _pct(run["gain"]),
+            f"{run['charge_gpu_hours']:.3g}", run["verdict"] or "", _diagnosis(run))) + "</tr>"
+        for run in r.runs
+    )
+    shipped = (f"<p>Shipped <b>{e(str(r.shipped.get('run_id')))}</b>; changes from the baseline: "
+               f"<code>{e(_changes(r.shipped.get('changes')) or 'none')}</code></p>") if r.shipped else "<p>Nothing shipped yet.</p>"
+    checks = "".join(
+        f"<li>{e(str(c.get('candidate_run_id')))}: {'passed' if c.get('passed') else 'rejected'} "
+        f"<code>{e(json.dumps({k: v for k, v in c.items() if k != 'seq'}, default=str))}</code></li>" for c in r.checks
+    )
+    stop = (f"<h2>Stop</h2><p>{e(str(r.stop.get('diagnosis')))}</p><p>Levers tested: "
+            f"{e(', '.join(map(str, r.stop.get('levers_tested') or [])))}</p>") if r.stop else ""
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>attune report: {e(str(r.headline.name))}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1100px; }}
+table {{ border-collapse: collapse; margin: 1em 0; }}
+th, td {{ border: 1px solid #ccc; padding: 4px 8px; text-align: left; font-size: 13px; vertical-align: top; }}
+th {{ background: #f4f4f4; }}
+code {{ font-size: 12px; }}
+</style></head><body>
+<h1>attune campaign report: {e(str(r.headline.name))}</h1>
+<table id="headline">{head}</table>
+<h2>Best-so-far gain against charged GPU-hours</h2>
+{svg_plot(r)}
+<h2>Runs</h2>
+<table id="runs"><thead><tr><th>run</th><th>kind</th><th>lever</th><th>change</th><th>hypothesis</th><th>outcome</th>
+<th>tok/s/GPU</th><th>gain</th><th>GPU-h</th><th>verdict</th><th>diagnosis</th></tr></thead><tbody>{run_rows}</tbody></table>
+<h2>Shipped recipe</h2>{shipped}<ul id="checks">{checks}</ul>{stop}
+</body></html>
+"""
+
+
+def write(campaign_dir: Path | str) -> tuple[Path, Path, Report]:
+    d = Path(campaign_dir)
+    r = build(d)
+    md, page = d / REPORT_MD, d / REPORT_HTML
+    for path, text in ((md, to_markdown(r)), (page, to_html(r))):
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    return md, page, r

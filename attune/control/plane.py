@@ -1,0 +1,947 @@
+"""The control plane's launch path: admission, charging, scoring and promotion, every step a ledger row.
+
+One `Control` per campaign directory. The broker service drives it:
+
+    admit(request)          run generator -> gate layer 1 -> (under the campaign lock) identical-recipe
+                            rule -> concurrency and budget admission -> `launch_admitted`, or
+                            `launch_refused` with the reason; writes runs/<id>/job.json
+    record_submitted(...)   `run_submitted` (the backend's id for the job)
+    record_started(...)     `run_started` (the cluster admitted the job: charging starts here)
+    finish(run_id, facts)   (under the campaign lock) the metrics reader scores the log, the run is
+                            classified and charged GPUs x (release - admission) -> `run_finished`,
+                            `measurement`, then `calibration_run` (+ `budget_set` once calibration
+                            is complete) or `leader_changed` when the promotion rule says so; a
+                            check or re-measurement run's own row (`check_run`, `remeasurement`) is
+                            the shipping step's, recorded next by `attune.control.shipper.advance`
+
+Admission is atomic across threads and processes: it holds an exclusive flock on
+`<campaign>/.control.lock` around "fold the ledger -> check -> append", so concurrent launch
+requests can never together overrun the budget or the concurrency limit.
+
+Two seams stand for other parts of the control plane: `check_candidate` (layer 1 of the gate) and
+`score_run` (the metrics reader).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+import attune
+from attune.control.campaign import campaign_lock
+from attune.control.rungen import Candidate, Changes, RunGenerator, RunGenError, parse_changes
+from attune.control.spec import CampaignSpec, load_spec, spec_sha256
+from attune.core import ledger as ledger_mod
+from attune.core.campaign_paths import CAMPAIGN_FILE, RUN_JOB, RUN_LOG, RUNS_DIR
+from attune.core.job import JobSpec
+from attune.core.measure import gpu_hours
+from attune.core.state import BudgetState, CampaignState, Follower, RunState
+from attune.core.vocab import STOPPED_OUTCOMES, RunKind, RunOutcome, Verdict
+
+SOURCE_ROOT = Path(attune.__file__).resolve().parents[1]
+
+
+
+
+CHECK_SLACK_GPU_HOURS = 1e-8  # the ledger rounds GPU-hours to 9 decimals: a reserve sized for N checks pays N
+
+
+class WorkloadEnvError(RunGenError):
+    """A launch refused because the workload's environment cannot run it (code `environment`).
+
+    `terminal`: nothing the agent can do makes it work (a build that failed, or the spec's own
+    interpreter unusable); a calibration launch refused so ends the campaign failed."""
+
+    def __init__(self, message: str, terminal: bool) -> None:
+        super().__init__("environment", message)
+        self.terminal = terminal
+
+def check_budget_refusal(b: BudgetState, expected: float) -> str | None:
+    """Why a correctness check run expected to cost `expected` GPU-h cannot be admitted, or None.
+
+    The one rule: check runs (the baseline's reference and replicate check runs, the candidates'
+    checks) are paid from the check reserve alone, never from what the search left unspent, and the
+    budget is never exceeded: a check fits `min(reserve left, budget remaining)` (`check_left`).
+    Search launches are admitted only against `remaining - reserve left`, so they cannot eat the
+    reserve; if calibration and search runs were charged more than expected and overran into it
+    anyway, the refusal says by how much."""
+    left = b.check_left
+    if left is not None and expected <= left + CHECK_SLACK_GPU_HOURS:
+        return None
+    if b.total is None:
+        return "the campaign's budget is not set yet"
+    msg = (f"a check run is expected to cost {expected:.6g} GPU-h and the check reserve has {left:.6g} GPU-h left "
+           f"(reserve {b.reserve:.6g} - check runs charged {b.reserve_used:.6g} - check runs in flight "
+           f"{b.check_in_flight:.6g})")
+    if b.reserve_overrun > 1e-12:
+        others = b.charged - b.reserve_used + b.in_flight - b.check_in_flight
+        msg += (f"; calibration and search runs overran their share of the budget (total {b.total:.6g} - reserve "
+                f"{b.reserve:.6g} = {b.total - b.reserve:.6g} GPU-h) by {b.reserve_overrun:.6g} GPU-h "
+                f"({others:.6g} GPU-h charged or in flight), into the reserve")
+    return msg
+
+class ControlError(Exception):
+    """The campaign cannot be driven as it is (not started, spec changed, bad configuration)."""
+
+
+# ----------------------------------------------------------------------------------- requests
+
+
+class LaunchRequest(BaseModel):
+    """What the agent (or the launcher) asks for."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["search", "calibration"] = Field("search", description="search candidate or baseline calibration")
+    changes: dict[str, Any] = Field(
+        default_factory=dict, description='{"args": {"--flag": value|null}, "env": {"NAME": "value"|null}}'
+    )
+    base: str = Field("leader", description="apply the changes to: leader, baseline, or a run id")
+    hypothesis: str | None = Field(None, max_length=4000)
+    lever: str | None = Field(None, max_length=200)
+    expected_gain: float | None = Field(None, description="expected relative gain, e.g. 0.05 for 5%")
+    code_locations: dict[str, str] = Field(
+        default_factory=dict, description="flag -> where the running image implements it (path:line)"
+    )
+    profile: bool = False
+    prune_below: float | None = Field(None, gt=0, description=(
+        "early abort (black-box tuners): stop the run once EARLY_ABORT_STEPS measured steps run below this "
+        "many tokens/s/GPU"))
+
+
+@dataclass
+class Admission:
+    """The answer to a launch request."""
+
+    admitted: bool
+    code: str | None = None  # refusal code (stable word), None when admitted
+    reason: str | None = None  # what to change, in words
+    run_id: str | None = None
+    kind: str | None = None
+    expected_gpu_hours: float | None = None
+    changes: dict[str, Any] | None = None
+    retry_of: str | None = None
+    exclude_nodes: list[str] = field(default_factory=list)
+    recipe_key: str | None = None
+    job: JobSpec | None = None
+    gate: dict[str, Any] | None = None
+    budget: dict[str, Any] | None = None
+    items: list[str] = field(default_factory=list)  # what a refusal lacks (the search rules' missing items)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("job")
+        return out
+
+
+@dataclass
+class JobFacts:
+    """What the backend (and the broker's watchdog) know about a job that ended."""
+
+    state: str  # broker.backends.base.JobState value
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    nodes: list[str] = field(default_factory=list)
+    killed_for: str | None = None  # "hang" or "cancelled" when the broker stopped it
+    reason: str | None = None
+    seconds_since_progress: float | None = None
+
+
+@dataclass
+class Score:
+    """The metrics reader's verdict on one log."""
+
+    tokens_per_s_per_gpu: float | None
+    valid: bool
+    invalid_reasons: list[str]
+    failure_class: str  # ok | oom | hang | crash | infrastructure
+    failure_reason: str
+    last_iteration: int | None = None
+
+
+@dataclass
+class GateVerdict:
+    passed: bool
+    summary: str
+    refusals: list[dict[str, Any]]
+    list_sha256: str | None
+
+
+# ----------------------------------------------------------------------------------- seams
+
+_LISTS: dict[tuple[str, str], Any] = {}  # (path, sha256) -> the parsed list: a list is parsed once per content
+
+
+def gate_list_source(spec: CampaignSpec, campaign_dir: Path | str) -> str | Path:
+    """What `gate.lists` names: a built-in list name (`llama31-405b`, a file in gate/lists/) when it is a
+    bare name, else a list file (relative to the campaign directory); unset: the model's built-in list.
+    The broker and `attune validate` both resolve it here."""
+    lists = spec.gate.lists
+    if not lists:
+        return spec.model
+    p = Path(lists)
+    if p.suffix not in (".yaml", ".yml") and len(p.parts) == 1:
+        return lists
+    return p if p.is_absolute() else (Path(campaign_dir) / p)
+
+
+def load_gate_list(spec: CampaignSpec, campaign_dir: Path, list_sha256: str | None) -> Any:
+    """The campaign's correctness list, parsed once per content; raises gate.lists.ListError or OSError."""
+    from gate.lists import list_path, load_list
+
+    source = gate_list_source(spec, campaign_dir)
+    pinned = list_sha256 or spec.gate.list_sha256
+    path = list_path(source)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    loaded = _LISTS.get((str(path), digest))
+    if loaded is None or (pinned is not None and pinned != digest):
+        loaded = load_list(path, expected_sha256=pinned)  # validates (and refuses a changed list)
+        _LISTS[(str(path), loaded.sha256)] = loaded
+    return loaded
+
+
+def check_candidate(
+    spec: CampaignSpec,
+    campaign_dir: Path,
+    list_sha256: str | None,
+    baseline_args: Mapping[str, Any],
+    candidate_args: Mapping[str, Any],
+    baseline_env: Mapping[str, str],
+    candidate_env: Mapping[str, str],
+) -> GateVerdict:
+    """Layer 1 of the correctness gate on a candidate recipe, before anything is submitted."""
+    from gate.config_check import check_recipe
+    from gate.lists import ListError
+
+    try:
+        loaded = load_gate_list(spec, campaign_dir, list_sha256)
+    except (ListError, OSError) as exc:
+        return GateVerdict(False, f"the correctness list cannot be used: {exc}", [], None)
+    result = check_recipe(loaded, baseline_args, candidate_args, baseline_env, candidate_env)
+    return GateVerdict(
+        result.passed, result.summary(), [r.model_dump() for r in result.refusals], result.list_sha256
+    )
+
+
+def score_run(
+    spec: CampaignSpec, log_path: Path, *, exit_code: int | None, seconds_since_progress: float | None
+) -> Score:
+    """The metrics reader on one run's log: windowed throughput, validity and failure class."""
+    from attune.readers.metrics import MetricsInputError, read_metrics
+
+    if not log_path.exists():
+        return Score(None, False, ["the job wrote no log"], "infrastructure", "no log file: the job never started")
+    try:
+        m = read_metrics(
+            log_path,
+            framework=spec.framework,
+            gpus=spec.cluster.gpus,
+            window=tuple(spec.workload.window),
+            seq_length=spec.workload.seq_length,
+            global_batch_size=spec.workload.global_batch,
+            exit_status=exit_code,
+            seconds_since_progress=seconds_since_progress,
+            hang_after_s=spec.control.hang_timeout_s,
+            max_spread=spec.workload.max_step_time_spread,
+        )
+    except (MetricsInputError, OSError) as exc:
+        failure = "crash" if exit_code not in (None, 0) else "ok"
+        return Score(None, False, [f"the log cannot be scored: {exc}"], failure, str(exc))
+    tps = m.tokens_per_s_per_gpu
+    if tps is not None and not math.isfinite(tps):
+        tps = None
+    reason = m.verdict.reason
+    if m.verdict.evidence:
+        reason += ": " + m.verdict.evidence[0].text.strip()[:300]
+    return Score(tps, bool(m.valid and tps is not None), list(m.invalid_reasons), m.failure_class,
+                 reason, m.last_iteration)
+
+
+# ----------------------------------------------------------------------------------- control
+
+
+def _slug(text: str | None) -> str:
+    s = re.sub(r"[^a-z0-9]+", "-", (text or "").lower()).strip("-")
+    return s[:24].strip("-")
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 9)
+
+
+class Control:
+    """The control plane of one campaign directory."""
+
+    def __init__(self, campaign_dir: Path | str) -> None:
+        self.dir = Path(campaign_dir).resolve()
+        self.spec: CampaignSpec = load_spec(self.dir / CAMPAIGN_FILE)
+        self.spec_sha256 = spec_sha256(self.dir / CAMPAIGN_FILE)
+        self.ledger = ledger_mod.Ledger(self.dir)
+        self._follower = Follower(self.dir)
+        self.gen = RunGenerator(self.spec)
+        problems = self.gen.check_baseline()
+        if problems:
+            raise ControlError("the campaign's baseline contradicts its workload: " + "; ".join(problems))
+        state = self.state()
+        if state.name is None:
+            raise ControlError(f"campaign {self.dir} has not started (run `attune init {self.dir}` first)")
+        if state.spec_sha256 != self.spec_sha256:
+            raise ControlError(
+                f"{self.dir / CAMPAIGN_FILE} changed after the campaign started (pinned sha256 "
+                f"{state.spec_sha256}, now {self.spec_sha256}); a campaign's spec is frozen"
+            )
+        wd = self.spec.control.workdir
+        self.workdir = (self.dir / wd).resolve() if wd else SOURCE_ROOT
+        self.runs_dir = self.dir / RUNS_DIR
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def state(self) -> CampaignState:
+        """The campaign's state, current with its ledger: only the rows appended since the last call
+        (by this process or another) are read, verified and folded (`state.Follower`). A snapshot:
+        later calls do not change it."""
+        return self._follower.snapshot()
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.runs_dir / run_id
+
+    # --- costs ------------------------------------------------------------------------------
+    def run_cost(self, state: CampaignState) -> float | None:
+        """The expected cost of one unprofiled run: the mean charge of finished good runs."""
+        done = [r for r in state.runs.values() if r.status == "finished" and r.outcome == "ok" and not r.profile]
+        charges = [r.charge_gpu_hours for r in done if r.kind == "calibration"]
+        if not charges:
+            charges = [r.charge_gpu_hours for r in done if r.kind == "search"]
+        if charges:
+            return statistics.fmean(charges)
+        return self.spec.control.expected_run_gpu_hours
+
+    def expected_cost(self, state: CampaignState, kind: str, profile: bool) -> float | None:
+        base = self.run_cost(state)
+        if base is None:
+            return None
+        if kind == "search":
+            # Candidates slower than the baseline run longer: once search runs have finished, a search
+            # launch is expected to cost at least their mean, so the search does not eat the check reserve.
+            done = [r.charge_gpu_hours for r in state.runs.values() if r.kind == "search" and r.status == "finished"
+                    and r.outcome == "ok" and not r.profile]
+            if done:
+                base = max(base, statistics.fmean(done))
+        w = self.spec.workload
+        if profile:
+            base *= (w.steps_per_run + self.spec.control.profile_extra_steps) / w.steps_per_run
+        if kind == "check":
+            base *= self.spec.gate.convergence_steps / w.steps_per_run
+        return base
+
+    # --- admission --------------------------------------------------------------------------
+    def admit(self, request: LaunchRequest | Mapping[str, Any]) -> Admission:
+        """Decide a launch request. Never raises for a refusal: the Admission says why."""
+        if not isinstance(request, LaunchRequest):
+            request = LaunchRequest.model_validate(request)
+        with campaign_lock(self.dir):
+            state = self.state()
+            try:
+                if spec_sha256(self.dir / CAMPAIGN_FILE) != self.spec_sha256:
+                    raise RunGenError("spec_changed", (
+                        "campaign.yaml changed after the campaign started; its spec is frozen (restore it)"))
+                decision = self._decide(state, request)
+            except RunGenError as exc:
+                decision = Admission(False, exc.code, exc.message, kind=request.kind)
+                fatal = isinstance(exc, WorkloadEnvError) and exc.terminal and request.kind == "calibration"
+            else:
+                fatal = False
+            if not decision.admitted:
+                self.ledger.append("launch_refused", {
+                    "reason": decision.reason, "code": decision.code, "kind": request.kind,
+                    "items": list(decision.items),
+                    "changes": request.changes, "lever": request.lever, "hypothesis": request.hypothesis,
+                    "profile": request.profile,
+                })
+                if fatal and state.calibration is None and state.failed is None:
+                    # Nothing can ever be measured: the campaign ends failed (never success on nothing), so a
+                    # headless session's Stop hook lets it end, as a failure, and `attune tune` exits 1.
+                    self.ledger.append("campaign_failed", {
+                        "reason": f"the baseline cannot be calibrated: {decision.reason}",
+                        "phase": "calibration", "shipped": None})
+                decision.budget = state.budget.as_dict()
+                return decision
+            assert decision.job is not None and decision.run_id is not None
+            self._write_job(decision, request.model_dump(), profile=request.profile)
+            self.ledger.append("launch_admitted", {
+                "run_id": decision.run_id,
+                "kind": request.kind,
+                "expected_gpu_hours": decision.expected_gpu_hours,
+                "changes": decision.changes,
+                "hypothesis": request.hypothesis,
+                "lever": request.lever,
+                "expected_gain": request.expected_gain,
+                "profile": request.profile,
+                "code_locations": dict(request.code_locations),
+                "base_run_id": request.base if request.kind == "search" else "baseline",
+                "recipe_key": decision.recipe_key,
+                "retry_of": decision.retry_of,
+                "prune_below": request.prune_below,
+                "gate": decision.gate,
+                "argv": list(decision.job.argv),
+            })
+            decision.budget = self.state().budget.as_dict()
+            return decision
+
+    def admit_final(self, kind: str, of: str) -> Admission:
+        """Admit a shipping run: a correctness `check` run or a final `remeasure` run of a recipe.
+
+        `of` is "baseline" or the id of a finished search run. These runs are the control plane's own
+        (the agent cannot ask for them): no gate at admission (the check runs are judged on their
+        resolved arguments afterwards), no identical-recipe rule. A check run is the recipe run for
+        `gate.convergence_steps` steps, paid from the check reserve only (`check_budget_refusal`); a
+        re-measurement is charged outside the budget (`final`)."""
+        if kind not in ("check", "remeasure"):
+            raise ValueError(f"kind must be check or remeasure, got {kind!r}")
+        with campaign_lock(self.dir):
+            state = self.state()
+            try:
+                decision = self._decide_final(state, kind, of)
+            except RunGenError as exc:
+                decision = Admission(False, exc.code, exc.message, kind=kind)
+            if not decision.admitted:
+                self.ledger.append("launch_refused", {"reason": decision.reason, "code": decision.code, "kind": kind,
+                                                      "changes": None, "lever": None, "hypothesis": None,
+                                                      "profile": False, "of": of})
+                decision.budget = state.budget.as_dict()
+                return decision
+            assert decision.job is not None and decision.run_id is not None
+            what = "correctness check" if kind == "check" else "final re-measurement"
+            request = {"kind": kind, "of": of, "steps": self._final_steps(kind)}
+            self._write_job(decision, request, profile=False)
+            self.ledger.append("launch_admitted", {
+                "run_id": decision.run_id, "kind": kind, "expected_gpu_hours": decision.expected_gpu_hours,
+                "changes": decision.changes, "hypothesis": f"{what} of {of}", "lever": None,
+                "expected_gain": None, "profile": False, "code_locations": {}, "base_run_id": of,
+                "recipe_key": decision.recipe_key, "retry_of": None, "prune_below": None, "gate": None,
+                "argv": list(decision.job.argv), "steps": request["steps"],
+            })
+            decision.budget = self.state().budget.as_dict()
+            return decision
+
+    def _with_workload_python(self, job: JobSpec) -> JobSpec:
+        """The job with its command's `python` made the workload's interpreter (spec `environment`).
+
+        Refuses (RunGenError `environment`, with the fix) when no interpreter at hand can import the
+        workload's modules: checked before admission, so nothing is admitted or charged for a job
+        that could not start."""
+        if self.spec.environment is None or self.spec.cluster.backend != "local":
+            return job
+        from attune.control import workenv
+
+        st = workenv.status(self.spec, self.dir)
+        if st.state != "ready" or st.python is None:
+            raise WorkloadEnvError(f"the workload's Python environment is not ready: {st.reason}"
+                                   + (f". Fix: {st.fix}" if st.fix else ""), terminal=st.terminal)
+        argv = list(job.argv)
+        if argv and os.path.basename(argv[0]) in ("python", "python3"):
+            argv[0] = st.python
+        from dataclasses import replace
+
+        return replace(job, argv=tuple(argv))
+
+    def _final_steps(self, kind: str) -> int:
+        return self.spec.gate.convergence_steps if kind == "check" else self.spec.workload.steps_per_run
+
+    def _decide_final(self, state: CampaignState, kind: str, of: str) -> Admission:
+        if len(state.in_flight) >= self.spec.budget.concurrency:
+            return Admission(False, "concurrency", "runs are in flight: wait for them", kind=kind)
+        if of == "baseline":
+            base = Changes()
+        else:
+            run = state.runs.get(of)
+            if run is None or run.kind != "search" or run.status != "finished":
+                raise RunGenError("bad_request", f"{kind}: no finished search run {of!r}")
+            base = Changes(dict(run.changes.get("args") or {}), dict(run.changes.get("env") or {}))
+        cand = self.gen.candidate(base, Changes(), False)
+        steps = self._final_steps(kind)
+        if kind == "check":
+            cand = self.gen.with_steps(cand, steps)
+        expected = self.expected_cost(state, kind, False) or 0.0
+        if kind == "check":
+            refusal = check_budget_refusal(state.budget, expected)
+            if refusal is not None:
+                return Admission(False, "budget", refusal, kind=kind, expected_gpu_hours=expected)
+        run_id = self._next_run_id(state, None, label=f"{kind}-{of}")
+        self.gen.confine(cand.changes, self.run_dir(run_id), self.workdir)
+        job = self.gen.resolve(cand, self.run_dir(run_id), self.workdir)
+        problems = self.gen.check_shape(job, False, steps=steps if kind == "check" else None)
+        if problems:
+            return Admission(False, "shape", "the job does not match the campaign's pinned shape: " + "; ".join(problems),
+                             kind=kind)
+        job = self._with_workload_python(job)
+        return Admission(True, run_id=run_id, kind=kind, expected_gpu_hours=_round(expected),
+                         changes=cand.changes.as_dict(), job=job, recipe_key=cand.recipe_key)
+
+    def _base_changes(self, state: CampaignState, base: str) -> Changes:
+        if base == "baseline":
+            return Changes()
+        if base == "leader":
+            if state.leader_run_id in (None, "baseline"):
+                return Changes()
+            base = state.leader_run_id
+        run = state.runs.get(base)
+        if run is None or run.kind not in ("search",):
+            raise RunGenError("bad_request", f"base: no search run {base!r} in this campaign (use leader, baseline "
+                              "or the id of one of its search runs)")
+        return Changes(dict(run.changes.get("args") or {}), dict(run.changes.get("env") or {}))
+
+    def _decide(self, state: CampaignState, req: LaunchRequest) -> Admission:
+        """Run the admission rules in order (`ADMISSION_RULES`): the first refusal is the answer."""
+        ctx = AdmitContext(self, state, req)
+        for rule in ADMISSION_RULES:
+            refusal = rule(ctx)
+            if refusal is not None:
+                return refusal.admission(req.kind)
+        job = self._with_workload_python(ctx.job) if ctx.job is not None else None
+        assert job is not None and ctx.candidate is not None and ctx.run_id is not None
+        return Admission(True, run_id=ctx.run_id, kind=req.kind, expected_gpu_hours=_round(ctx.expected or 0.0),
+                         changes=ctx.candidate.changes.as_dict(), retry_of=ctx.retry_of, exclude_nodes=ctx.exclude,
+                         job=job, gate=ctx.gate, recipe_key=ctx.candidate.recipe_key)
+
+    def _identical(self, state: CampaignState, cand: Candidate) -> tuple[str, str] | None:
+        """None: a new recipe. ("retry", run_id): one retry of an infrastructure failure. ("refuse", why)."""
+        prior = [r for r in state.runs.values() if r.kind == "search" and r.recipe_key == cand.recipe_key]
+        if not prior:
+            return None
+        open_ = [r for r in prior if r.status != "finished"]
+        if open_:
+            return "refuse", f"an identical recipe is already in flight (run {open_[0].run_id})"
+        infra = [r for r in prior if r.outcome == RunOutcome.INFRASTRUCTURE]
+        if len(prior) == 1 and len(infra) == 1:
+            return "retry", prior[0].run_id
+        last = prior[-1]
+        if len(infra) >= 2:
+            return "refuse", (
+                f"this recipe failed on infrastructure twice (runs {', '.join(r.run_id for r in infra)}): that "
+                "counts as a recipe failure; diagnose it and change the recipe")
+        tps = f", {last.tokens_per_s_per_gpu:.6g} tokens/s/GPU" if last.tokens_per_s_per_gpu else ""
+        return "refuse", (
+            f"identical to run {last.run_id} (outcome {last.outcome}{tps}): a recipe is measured once, and a "
+            "failed recipe must be diagnosed and changed")
+
+    def _next_run_id(self, state: CampaignState, req: LaunchRequest | None, label: str | None = None) -> str:
+        n = len(state.runs) + 1
+        if req is not None:
+            label = "calibration" if req.kind == "calibration" else _slug(req.lever) or "run"
+        else:
+            label = re.sub(r"[^a-z0-9]+", "-", (label or "run").lower()).strip("-")[:40].strip("-") or "run"
+        run_id = f"r{n:03d}-{label}"
+        while run_id in state.runs or self.run_dir(run_id).exists():
+            n += 1
+            run_id = f"r{n:03d}-{label}"
+        return run_id
+
+    def _write_job(self, decision: Admission, request: dict[str, Any], profile: bool) -> None:
+        job = decision.job
+        assert job is not None
+        job.run_dir.mkdir(parents=True, exist_ok=False)
+        doc = {
+            "run_id": decision.run_id,
+            "campaign": self.name,
+            "kind": request["kind"],
+            "profile": profile,
+            "changes": decision.changes,
+            "retry_of": decision.retry_of,
+            "exclude_nodes": decision.exclude_nodes,
+            "argv": list(job.argv),
+            "env": job.env,
+            "args": job.args,
+            "gpus": job.gpus,
+            "gpus_per_node": job.gpus_per_node,
+            "image": job.image,
+            "workdir": str(job.workdir),
+            "time_limit_s": self.spec.control.time_limit_s,
+            "request": request,
+        }
+        tmp = job.run_dir / (RUN_JOB + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+        os.replace(tmp, job.run_dir / RUN_JOB)
+
+    def job_doc(self, run_id: str) -> dict[str, Any]:
+        return json.loads((self.run_dir(run_id) / RUN_JOB).read_text())
+
+    # --- lifecycle rows ---------------------------------------------------------------------
+    def record_submitted(self, run_id: str, backend: str, backend_id: str) -> None:
+        self.ledger.append("run_submitted", {"run_id": run_id, "backend": backend, "backend_id": backend_id})
+
+    def record_started(self, run_id: str, started_at: float, nodes: list[str]) -> None:
+        with campaign_lock(self.dir):
+            run = self.state().runs.get(run_id)
+            if run is None or run.status != "admitted":
+                return
+            self.ledger.append("run_started", {"run_id": run_id, "started_at": started_at, "nodes": list(nodes)})
+
+    # --- finishing --------------------------------------------------------------------------
+    def classify(self, facts: JobFacts, score: Score) -> tuple[str, str]:
+        """The run's outcome and why: the broker's own actions first, then the backend, then the log."""
+        if facts.killed_for == RunOutcome.HANG:
+            return RunOutcome.HANG, facts.reason or "no log progress: killed by the broker's watchdog"
+        if facts.killed_for == RunOutcome.CANCELLED:
+            return RunOutcome.CANCELLED, facts.reason or "cancelled through the broker"
+        if facts.killed_for == RunOutcome.PRUNED:
+            return RunOutcome.PRUNED, facts.reason or "stopped early: slower than the early-abort threshold"
+        if facts.state == "infrastructure":
+            return RunOutcome.INFRASTRUCTURE, facts.reason or "the backend reports an infrastructure failure"
+        if facts.state == "timeout":
+            return RunOutcome.HANG, facts.reason or "the backend's time limit"
+        if facts.state == "cancelled":
+            return RunOutcome.CANCELLED, facts.reason or "cancelled outside the broker"
+        return score.failure_class, score.failure_reason
+
+    def finish(self, run_id: str, facts: JobFacts) -> dict[str, Any]:
+        """Score, classify, charge and (maybe) promote a run that ended. Idempotent."""
+        with campaign_lock(self.dir):
+            state = self.state()
+            run = state.runs.get(run_id)
+            if run is None:
+                raise ControlError(f"run {run_id!r} was never admitted in campaign {self.name}")
+            if run.status == "finished":
+                return {"run_id": run_id, "outcome": run.outcome, "already_finished": True}
+            started = facts.started_at if facts.started_at is not None else run.started_at
+            if facts.killed_for in STOPPED_OUTCOMES and started is None:
+                score = Score(None, False, ["cancelled before it started"], "ok", "cancelled before it started")
+            else:
+                score = score_run(self.spec, self.run_dir(run_id) / RUN_LOG, exit_code=facts.exit_code,
+                                  seconds_since_progress=facts.seconds_since_progress)
+            outcome, reason = self.classify(facts, score)
+            ended = facts.ended_at if facts.ended_at is not None else time.time()
+            charge = gpu_hours(self.spec.cluster.gpus, ended - started) if started is not None else 0.0
+            recipe_failure = False
+            charged_to = "final" if run.kind == RunKind.REMEASURE else "budget"
+            if outcome == RunOutcome.INFRASTRUCTURE:
+                if run.retry_of is None:
+                    charged_to = "infra"
+                else:
+                    first = state.runs.get(run.retry_of)
+                    first_nodes = set(first.nodes) if first else set()
+                    recipe_failure = not first_nodes or not set(facts.nodes) or first_nodes != set(facts.nodes)
+            self.ledger.append("run_finished", {
+                "run_id": run_id, "outcome": outcome, "charge_gpu_hours": _round(charge), "charged_to": charged_to,
+                "started_at": started, "ended_at": ended if started is not None else None,
+                "exit_code": facts.exit_code, "nodes": list(facts.nodes), "reason": reason,
+                "recipe_failure": recipe_failure, "backend_state": facts.state,
+            })
+            state = self.state()
+            verdict = self._verdict(state, state.runs[run_id], outcome, score)
+            self.ledger.append("measurement", {
+                "run_id": run_id, "tokens_per_s_per_gpu": score.tokens_per_s_per_gpu, "valid": score.valid,
+                "invalid_reasons": score.invalid_reasons, "verdict": verdict,
+                "failure_class": score.failure_class, "last_iteration": score.last_iteration,
+            })
+            out: dict[str, Any] = {"run_id": run_id, "outcome": outcome, "reason": reason, "verdict": verdict,
+                                   "charge_gpu_hours": _round(charge), "charged_to": charged_to,
+                                   "tokens_per_s_per_gpu": score.tokens_per_s_per_gpu, "valid": score.valid}
+            ok = outcome == RunOutcome.OK and score.valid and score.tokens_per_s_per_gpu is not None
+            if run.kind == RunKind.CALIBRATION and ok:
+                self.ledger.append("calibration_run", {"run_id": run_id,
+                                                       "tokens_per_s_per_gpu": score.tokens_per_s_per_gpu})
+                self._maybe_set_budget()
+            elif run.kind == RunKind.SEARCH and verdict == Verdict.LEADER:
+                state = self.state()
+                prev_id, prev = state.leader_run_id, state.leader_tokens_per_s_per_gpu
+                cal = state.calibration
+                self.ledger.append("leader_changed", {
+                    "run_id": run_id, "tokens_per_s_per_gpu": score.tokens_per_s_per_gpu,
+                    "previous_run_id": prev_id, "previous_tokens_per_s_per_gpu": prev,
+                    "band": cal.band if cal else None,
+                    "gain_over_baseline": (score.tokens_per_s_per_gpu / cal.mean - 1.0) if cal else None,
+                })
+                out["promoted"] = True
+            return out
+
+    def _verdict(self, state: CampaignState, run: RunState, outcome: str, score: Score) -> str:
+        if outcome in STOPPED_OUTCOMES:
+            return outcome
+        if outcome != RunOutcome.OK:
+            return Verdict.FAILED
+        if not score.valid or score.tokens_per_s_per_gpu is None:
+            return Verdict.INVALID
+        if run.kind != RunKind.SEARCH:
+            return run.kind
+        cal = state.calibration
+        lead = state.leader_tokens_per_s_per_gpu
+        if cal is None or lead is None:
+            return Verdict.UNCALIBRATED
+        if state.would_promote(score.tokens_per_s_per_gpu):
+            return Verdict.LEADER
+        if score.tokens_per_s_per_gpu >= lead * (1.0 - cal.band):
+            return Verdict.WITHIN_BAND
+        return Verdict.SLOWER
+
+    def _maybe_set_budget(self) -> None:
+        """Once calibration is complete: the budget (default a multiple of one run) and the check reserve."""
+        state = self.state()
+        if state.calibration is None or state.budget_set_seq is not None:
+            return
+        charges = [state.runs[r].charge_gpu_hours for r in state.calibration_run_ids if r in state.runs]
+        run_cost = statistics.fmean(charges) if charges else 0.0
+        b = self.spec.budget
+        total = b.gpu_hours if b.gpu_hours is not None else b.default_multiple * run_cost
+        reserve = b.reserve_gpu_hours
+        replicas = self.spec.gate.replicate_check_runs
+        if reserve is None:  # the checks, plus the baseline's reference check run and its replicates (the noise)
+            reserve = ((b.check_reserve_runs + 1 + replicas) * run_cost * self.spec.gate.convergence_steps
+                       / self.spec.workload.steps_per_run)
+        reason = (
+            f"calibration complete: one baseline run costs {run_cost:.6g} GPU-h; "
+            + ("budget from the spec" if b.gpu_hours is not None else f"budget = {b.default_multiple:g} x that")
+            + ("; reserve from the spec" if b.reserve_gpu_hours is not None
+               else f"; reserve = {b.check_reserve_runs} check runs, the baseline's reference run and its "
+                    f"{replicas} replicate(s), {self.spec.gate.convergence_steps} steps each")
+        )
+        self.ledger.append("budget_set", {"gpu_hours": _round(total), "reserve_gpu_hours": _round(reserve),
+                                          "run_cost_gpu_hours": _round(run_cost), "reason": reason})
+
+
+# ----------------------------------------------------------------------------------- admission rules
+
+
+@dataclass
+class Refusal:
+    """Why a launch request is refused: a stable code, the reason in words, and what it lacks."""
+
+    code: str
+    reason: str
+    items: list[str] = field(default_factory=list)
+    changes: dict[str, Any] | None = None  # the candidate's changes, where the refusal is about them
+    gate: dict[str, Any] | None = None
+    expected_gpu_hours: float | None = None
+    with_kind: bool = True  # False: the request was not read (the campaign has not started)
+
+    def admission(self, kind: str) -> Admission:
+        return Admission(False, self.code, self.reason, kind=kind if self.with_kind else None,
+                         expected_gpu_hours=self.expected_gpu_hours, changes=self.changes, gate=self.gate,
+                         items=list(self.items))
+
+
+@dataclass
+class AdmitContext:
+    """What the admission rules read (the control plane, the state, the request) and what they work
+    out for the rules after them (the edits, the candidate, the gate's verdict, the cost, the job)."""
+
+    control: Control
+    state: CampaignState
+    request: LaunchRequest
+    edits: Changes = field(default_factory=Changes)
+    candidate: Candidate | None = None
+    gate: dict[str, Any] | None = None
+    retry_of: str | None = None
+    exclude: list[str] = field(default_factory=list)
+    expected: float | None = None
+    run_id: str | None = None
+    job: JobSpec | None = None
+
+    @property
+    def spec(self) -> CampaignSpec:
+        return self.control.spec
+
+    @property
+    def search(self) -> bool:
+        return self.request.kind == "search"
+
+    @property
+    def cand(self) -> Candidate:
+        assert self.candidate is not None, "a rule before this one makes the candidate"
+        return self.candidate
+
+
+AdmissionRule = Callable[[AdmitContext], Refusal | None]
+
+
+def rule_started(ctx: AdmitContext) -> Refusal | None:
+    if ctx.state.name is None:
+        return Refusal("not_started", "the campaign has not started", with_kind=False)
+    if ctx.state.failed is not None:
+        return Refusal("failed", f"the campaign has ended failed: {ctx.state.failed.get('reason')}")
+    return None
+
+
+def rule_paths_confined(ctx: AdmitContext) -> Refusal | None:
+    """Before anything else: a path in the changes outside the run's directory is refused outright."""
+    c = ctx.control
+    ctx.edits = parse_changes(ctx.request.changes)
+    c.gen.confine(ctx.edits, c.run_dir(c._next_run_id(ctx.state, ctx.request)), c.workdir)
+    return None
+
+
+def rule_concurrency(ctx: AdmitContext) -> Refusal | None:
+    flying, limit = ctx.state.in_flight, ctx.spec.budget.concurrency
+    if len(flying) >= limit:
+        return Refusal("concurrency", (
+            f"{len(flying)} run(s) in flight ({', '.join(r.run_id for r in flying)}) and the campaign allows "
+            f"{limit} at once: wait for one to finish"))
+    return None
+
+
+def rule_calibration(ctx: AdmitContext) -> Refusal | None:
+    """A calibration run is the baseline itself, while calibration still needs runs."""
+    req, state = ctx.request, ctx.state
+    if req.kind != "calibration":
+        return None
+    if not ctx.edits.empty or req.profile or req.base not in ("leader", "baseline"):
+        return Refusal("bad_request", "a calibration run is the baseline itself: no changes, no profiling")
+    required = state.calibration_runs_required
+    cal_open = sum(1 for r in state.in_flight if r.kind == "calibration")
+    if len(state.calibration_values) + cal_open >= required:
+        return Refusal("calibration_full", (
+            f"calibration needs {required} good baseline runs; {len(state.calibration_values)} done and "
+            f"{cal_open} in flight"))
+    ctx.candidate = ctx.control.gen.candidate(Changes(), Changes(), False)
+    return None
+
+
+def rule_search_request(ctx: AdmitContext) -> Refusal | None:
+    """A search launch states its hypothesis, lever and expected gain."""
+    req = ctx.request
+    if not ctx.search:
+        return None
+    missing = [n for n, v in (("hypothesis", req.hypothesis), ("lever", req.lever)) if not (v or "").strip()]
+    if req.expected_gain is None or not math.isfinite(req.expected_gain):
+        missing.append("expected_gain")
+    if missing:
+        return Refusal("bad_request", (
+            f"a search launch states {', '.join(missing)}: the bottleneck it should shrink and the "
+            "mechanism (hypothesis), the lever it changes, and the expected gain"))
+    return None
+
+
+def rule_search_open(ctx: AdmitContext) -> Refusal | None:
+    """Search launches run between calibration and the stop."""
+    state = ctx.state
+    if not ctx.search:
+        return None
+    if state.stop is not None:
+        return Refusal("stopped", "the campaign has recorded a stop; no further search launches")
+    if state.calibration is None:
+        return Refusal("not_calibrated", (
+            f"the baseline is not calibrated yet ({len(state.calibration_values)}/"
+            f"{state.calibration_runs_required} calibration runs): launch calibration runs first"))
+    return None
+
+
+def rule_search_candidate(ctx: AdmitContext) -> Refusal | None:
+    """The candidate: the changes applied to the base recipe; it must differ from the baseline."""
+    if not ctx.search:
+        return None
+    req, c = ctx.request, ctx.control
+    ctx.candidate = c.gen.candidate(c._base_changes(ctx.state, req.base), ctx.edits, req.profile)
+    if ctx.candidate.changes.empty and not req.profile:
+        return Refusal("no_change", (
+            "the candidate is the baseline recipe itself (its changes cancel out): the baseline is "
+            "measured by calibration; change a lever"))
+    return None
+
+
+def rule_one_lever(ctx: AdmitContext) -> Refusal | None:
+    """The skill's search rules (attune.control.search_rules); a profiled re-run of a recipe is no new candidate."""
+    if not ctx.search or (ctx.request.profile and ctx.edits.empty):
+        return None
+    from attune.control import search_rules
+
+    cand = ctx.cand
+    r2 = search_rules.check_one_lever(ctx.spec, ctx.state, cand.args, cand.env)
+    if r2 is None:
+        return None
+    return Refusal(r2.code, r2.line(), items=list(r2.items), changes=cand.changes.as_dict())
+
+
+def rule_gate(ctx: AdmitContext) -> Refusal | None:
+    """Layer 1 of the gate on the candidate recipe (flags and environment, before fixes)."""
+    spec, cand = ctx.spec, ctx.cand
+    verdict = check_candidate(spec, ctx.control.dir, ctx.state.list_sha256, spec.baseline.args, cand.args,
+                              spec.baseline.env, cand.env)
+    ctx.gate = {"passed": verdict.passed, "summary": verdict.summary, "list_sha256": verdict.list_sha256}
+    if verdict.passed:
+        return None
+    return Refusal("gate", verdict.summary, changes=cand.changes.as_dict(),
+                   gate={**ctx.gate, "refusals": verdict.refusals})
+
+
+def rule_code_locations(ctx: AdmitContext) -> Refusal | None:
+    """A search launch records where the running image implements each flag it adds."""
+    if not ctx.search:
+        return None
+    req, spec = ctx.request, ctx.spec
+    new_flags = [f for f, v in ctx.edits.args.items()
+                 if v is not None and v is not False and f not in spec.baseline.args]
+    no_loc = [f for f in new_flags if not (req.code_locations.get(f) or "").strip()]
+    if no_loc:
+        return Refusal("code_locations", (
+            f"record where the running image implements each new flag (code_locations, e.g. "
+            f"{{\"{no_loc[0]}\": \"path/to/file.py:123\"}}): missing for {', '.join(no_loc)}"))
+    return None
+
+
+def rule_identical(ctx: AdmitContext) -> Refusal | None:
+    """A recipe is measured once; one retry of an infrastructure failure, on other nodes."""
+    if not ctx.search:
+        return None
+    ident = ctx.control._identical(ctx.state, ctx.cand)
+    if ident is None:
+        return None
+    if ident[0] == "retry":
+        ctx.retry_of = ident[1]
+        ctx.exclude = list(ctx.state.runs[ident[1]].nodes)
+        return None
+    return Refusal("identical", ident[1])
+
+
+def rule_budget(ctx: AdmitContext) -> Refusal | None:
+    """The expected cost fits what is left for search (search launches need the budget and an estimate)."""
+    req, b = ctx.request, ctx.state.budget
+    expected = ctx.expected = ctx.control.expected_cost(ctx.state, req.kind, req.profile)
+    if ctx.search:
+        if b.total is None:
+            return Refusal("budget_unset", "the campaign's budget is not set yet")
+        if expected is None:
+            return Refusal("no_estimate", (
+                "no run has finished yet, so a launch's cost is unknown: calibrate first or set "
+                "control.expected_run_gpu_hours"))
+    if b.total is not None and expected is not None and expected > (b.search_remaining or 0.0) + 1e-12:
+        return Refusal("budget", (
+            f"expected cost {expected:.6g} GPU-h does not fit: {b.search_remaining:.6g} GPU-h left for search "
+            f"(total {b.total:.6g} - charged {b.charged:.6g} - in flight {b.in_flight:.6g} - reserve "
+            f"{b.reserve_left:.6g})"), expected_gpu_hours=expected)
+    return None
+
+
+def rule_shape(ctx: AdmitContext) -> Refusal | None:
+    """The resolved job (paths confined, inherited values too) matches the campaign's pinned shape."""
+    c, cand = ctx.control, ctx.cand
+    ctx.run_id = c._next_run_id(ctx.state, ctx.request)
+    run_dir = c.run_dir(ctx.run_id)
+    c.gen.confine(cand.changes, run_dir, c.workdir)  # inherited values too (a leader's)
+    ctx.job = c.gen.resolve(cand, run_dir, c.workdir)
+    problems = c.gen.check_shape(ctx.job, ctx.request.profile)
+    if problems:
+        return Refusal("shape", "the job does not match the campaign's pinned shape: " + "; ".join(problems))
+    return None
+
+
+# The admission of a launch request, in order: the first rule that refuses decides. Rules may also
+# raise RunGenError (a path outside the run's directory, a bad base): a refusal with its code.
+ADMISSION_RULES: tuple[AdmissionRule, ...] = (
+    rule_started, rule_paths_confined, rule_concurrency, rule_calibration, rule_search_request,
+    rule_search_open, rule_search_candidate, rule_one_lever, rule_gate, rule_code_locations, rule_identical,
+    rule_budget, rule_shape,
+)

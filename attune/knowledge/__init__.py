@@ -1,0 +1,2 @@
+"""The skill's knowledge as code and data: the lever catalog, lessons, layouts and the memory
+estimate."""
