@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from attune.readers.traces import Layout, LayoutError, TraceInputError, analyze_paths
+from attune.readers.traces import RankLayout, RankLayoutError, TraceInputError, analyze_paths
 from attune.readers.traces.classify import CommKind, DeviceClass, comm_kind, device_class, group_dim_from_desc
 from tests.trace_synth import write_run
 from tests.traces_helpers import kernel, known_gpu_events, launch, step, write_trace, x
@@ -122,20 +122,20 @@ def test_classification_rules():
 
 
 def test_layout_parsing_and_mapping():
-    lay = Layout.parse("tp=2,pp=2").resolved(8)
+    lay = RankLayout.parse("tp=2,pp=2").resolved(8)
     assert lay.dp == 2 and lay.world == 8
     assert [lay.stage(r) for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert lay.group_dim([0, 1]) == "tp" and lay.group_dim([0, 2]) == "dp" and lay.group_dim([1, 5]) == "pp"
     assert lay.group_dim(list(range(8))) is None
-    other = Layout.parse("pp=2,tp=2,order=pp-tp-dp-cp").resolved(4)
+    other = RankLayout.parse("pp=2,tp=2,order=pp-tp-dp-cp").resolved(4)
     assert [other.stage(r) for r in range(4)] == [0, 1, 0, 1]
     for bad, msg in (("tp=0", "positive"), ("xx=2", "unknown key"), ("tp", "key=value"), ("order=tp-pp", "once")):
-        with pytest.raises(LayoutError, match=msg):
-            Layout.parse(bad)
-    with pytest.raises(LayoutError, match="not divisible"):
-        Layout.parse("pp=3").resolved(8)
-    with pytest.raises(LayoutError, match="does not match"):
-        Layout.parse("pp=2,dp=2").resolved(8)
+        with pytest.raises(RankLayoutError, match=msg):
+            RankLayout.parse(bad)
+    with pytest.raises(RankLayoutError, match="not divisible"):
+        RankLayout.parse("pp=3").resolved(8)
+    with pytest.raises(RankLayoutError, match="does not match"):
+        RankLayout.parse("pp=2,dp=2").resolved(8)
 
 
 def test_synthetic_pipeline_run_stages_and_additivity(tmp_path):

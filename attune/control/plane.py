@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import attune
 from attune.control.campaign import campaign_lock
-from attune.control.rungen import Candidate, Changes, RunGenerator, RunGenError, parse_changes
+from attune.control.rungen import Changes, GeneratedRecipe, RunGenerator, RunGenError, parse_changes
 from attune.control.spec import CampaignSpec, load_spec, spec_sha256
 from attune.core import ledger as ledger_mod
 from attune.core.campaign_paths import CAMPAIGN_FILE, RUN_JOB, RUN_LOG, RUNS_DIR
@@ -518,7 +518,7 @@ class Control:
                          changes=ctx.candidate.changes.as_dict(), retry_of=ctx.retry_of, exclude_nodes=ctx.exclude,
                          job=job, gate=ctx.gate, recipe_key=ctx.candidate.recipe_key)
 
-    def _identical(self, state: CampaignState, cand: Candidate) -> tuple[str, str] | None:
+    def _identical(self, state: CampaignState, cand: GeneratedRecipe) -> tuple[str, str] | None:
         """None: a new recipe. ("retry", run_id): one retry of an infrastructure failure. ("refuse", why)."""
         prior = [r for r in state.runs.values() if r.kind == "search" and r.recipe_key == cand.recipe_key]
         if not prior:
@@ -743,7 +743,7 @@ class AdmitContext:
     state: CampaignState
     request: LaunchRequest
     edits: Changes = field(default_factory=Changes)
-    candidate: Candidate | None = None
+    candidate: GeneratedRecipe | None = None
     gate: dict[str, Any] | None = None
     retry_of: str | None = None
     exclude: list[str] = field(default_factory=list)
@@ -760,7 +760,7 @@ class AdmitContext:
         return self.request.kind == "search"
 
     @property
-    def cand(self) -> Candidate:
+    def cand(self) -> GeneratedRecipe:
         assert self.candidate is not None, "a rule before this one makes the candidate"
         return self.candidate
 

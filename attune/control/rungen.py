@@ -83,7 +83,7 @@ class Changes:
 
 
 @dataclass(frozen=True)
-class Candidate:
+class GeneratedRecipe:
     """A generated candidate recipe."""
 
     changes: Changes  # the full difference from the baseline
@@ -301,7 +301,7 @@ class RunGenerator:
                 out_env[k] = None
         return Changes(dict(sorted(out_args.items())), dict(sorted(out_env.items())))
 
-    def candidate(self, base: Changes, edits: Changes, profile: bool) -> Candidate:
+    def candidate(self, base: Changes, edits: Changes, profile: bool) -> GeneratedRecipe:
         """Compose `edits` onto the recipe `base` (a difference from the baseline)."""
         self.check_edits(edits)
         args, env = self.apply(base)
@@ -316,7 +316,7 @@ class RunGenerator:
             else:
                 env[k] = v
         full = self.diff(args, env)
-        return Candidate(full, args, env, profile, self.recipe_key(args, env, profile))
+        return GeneratedRecipe(full, args, env, profile, self.recipe_key(args, env, profile))
 
     def recipe_key(self, args: Mapping[str, ArgValue], env: Mapping[str, str], profile: bool) -> str:
         norm_args = {k: _norm(v) for k, v in args.items() if _norm(v) is not None}
@@ -358,7 +358,7 @@ class RunGenerator:
             out["--profile-ranks"] = " ".join(str(s * (gpus // pp)) for s in range(pp))
         return out
 
-    def resolve(self, cand: Candidate, run_dir: Path, workdir: Path) -> JobSpec:
+    def resolve(self, cand: GeneratedRecipe, run_dir: Path, workdir: Path) -> JobSpec:
         """The job that runs `cand` in `run_dir` (its name is the job's id)."""
         ctx = self.placeholders(run_dir)
         args: dict[str, ArgValue] = dict(cand.args)
@@ -393,13 +393,13 @@ class RunGenerator:
             trusted[flag] = steps
         return {flag: _norm(trusted.get(flag)) for flag in sorted(self.pinned_flags)}
 
-    def with_steps(self, cand: Candidate, steps: int) -> Candidate:
+    def with_steps(self, cand: GeneratedRecipe, steps: int) -> GeneratedRecipe:
         """The same recipe run for `steps` steps (the only pinned flag a check run changes)."""
         flag = self.steps_flag()
         if flag is None:
             raise RunGenError("bad_request", f"framework {self.spec.framework} has no steps flag")
         args = {**cand.args, flag: steps}
-        return Candidate(cand.changes, args, dict(cand.env), cand.profile, self.recipe_key(args, cand.env, cand.profile))
+        return GeneratedRecipe(cand.changes, args, dict(cand.env), cand.profile, self.recipe_key(args, cand.env, cand.profile))
 
     def check_shape(self, job: JobSpec, profile: bool, steps: int | None = None) -> list[str]:
         """Problems of a resolved job against the campaign's pinned shape (empty: it conforms)."""

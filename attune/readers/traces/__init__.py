@@ -7,7 +7,7 @@ gives, per rank, figures comparable with Holistic Trace Analysis' temporal break
 """
 
 from attune.readers.traces.analyze import TraceInputError, analyze_paths, find_trace_files
-from attune.readers.traces.layout import Layout, LayoutError
+from attune.readers.traces.layout import RankLayout, RankLayoutError
 from attune.readers.traces.models import SCHEMA, TraceReport
 
-__all__ = ["SCHEMA", "Layout", "LayoutError", "TraceInputError", "TraceReport", "analyze_paths", "find_trace_files"]
+__all__ = ["SCHEMA", "RankLayout", "RankLayoutError", "TraceInputError", "TraceReport", "analyze_paths", "find_trace_files"]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from attune.readers.traces.classify import CommKind
-from attune.readers.traces.layout import Layout, LayoutError
+from attune.readers.traces.layout import RankLayout, RankLayoutError
 from attune.readers.traces.models import (
     Breakdown,
     NameTotal,
@@ -64,12 +64,12 @@ def find_trace_files(paths: Iterable[str | Path]) -> list[Path]:
     return unique
 
 
-def _read(args: tuple[str, Layout | None, int]) -> RankResult:
+def _read(args: tuple[str, RankLayout | None, int]) -> RankResult:
     path, layout, top_n = args
     return read_rank(path, layout=layout, top_n=top_n)
 
 
-def _read_all(files: Sequence[Path], layout: Layout | None, top_n: int, jobs: int | None) -> list[RankResult]:
+def _read_all(files: Sequence[Path], layout: RankLayout | None, top_n: int, jobs: int | None) -> list[RankResult]:
     total = sum(f.stat().st_size for f in files)
     if jobs is None:
         jobs = 1 if total < _SMALL_INPUT_BYTES else min(len(files), os.cpu_count() or 1)
@@ -186,14 +186,14 @@ def _hta(result: RankResult, drop_last: bool) -> HtaFigures | None:
     return result.hta_filtered if drop_last else result.hta_unfiltered
 
 
-def _parse_layout(layout: str | Layout | None) -> Layout | None:
+def _parse_layout(layout: str | RankLayout | None) -> RankLayout | None:
     try:
-        return Layout.parse(layout) if isinstance(layout, str) else layout
-    except LayoutError as exc:
+        return RankLayout.parse(layout) if isinstance(layout, str) else layout
+    except RankLayoutError as exc:
         raise TraceInputError(str(exc)) from exc
 
 
-def _resolve_layout(lay: Layout | None, files: list[Path]) -> Layout | None:
+def _resolve_layout(lay: RankLayout | None, files: list[Path]) -> RankLayout | None:
     """The caller's layout, completed with the traces' world size (None: no layout given)."""
     if lay is None:
         return None
@@ -202,11 +202,11 @@ def _resolve_layout(lay: Layout | None, files: list[Path]) -> Layout | None:
         raise TraceInputError(f"the traces disagree on the world size: {sorted(worlds)}")
     try:
         return lay.resolved(next(iter(worlds)) if worlds else None)
-    except LayoutError as exc:
+    except RankLayoutError as exc:
         raise TraceInputError(str(exc)) from exc
 
 
-def _check_worlds(results: list[RankResult], resolved: Layout | None) -> None:
+def _check_worlds(results: list[RankResult], resolved: RankLayout | None) -> None:
     worlds = {r.world_size for r in results if r.world_size is not None}
     if len(worlds) > 1:
         raise TraceInputError(f"the traces disagree on the world size: {sorted(worlds)}")
@@ -214,7 +214,7 @@ def _check_worlds(results: list[RankResult], resolved: Layout | None) -> None:
         raise TraceInputError(f"layout: {resolved.world} ranks, but the traces' world size is {next(iter(worlds))}")
 
 
-def _stage_of(r: RankResult, rank: int | None, resolved: Layout | None, sources: set[str]) -> int:
+def _stage_of(r: RankResult, rank: int | None, resolved: RankLayout | None, sources: set[str]) -> int:
     """The rank's pipeline stage: from the layout, else its process groups, else 0; notes the source."""
     if resolved is not None:
         if rank is None or rank >= resolved.world:
@@ -300,7 +300,7 @@ def _slowest(stages: list[StageReport], reports: list[RankReport]) -> Slowest | 
 
 def analyze_paths(
     paths: Iterable[str | Path],
-    layout: str | Layout | None = None,
+    layout: str | RankLayout | None = None,
     jobs: int | None = None,
     top_n: int = 10,
 ) -> TraceReport:

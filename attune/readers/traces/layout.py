@@ -10,18 +10,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DIMS", "Layout", "LayoutError"]
+__all__ = ["DIMS", "RankLayout", "RankLayoutError"]
 
 DIMS = ("tp", "cp", "dp", "pp")
 _DEFAULT_ORDER = ("tp", "cp", "dp", "pp")
 
 
-class LayoutError(ValueError):
+class RankLayoutError(ValueError):
     """A layout string or a layout that does not fit the traces."""
 
 
 @dataclass(frozen=True)
-class Layout:
+class RankLayout:
     tp: int = 1
     cp: int = 1
     pp: int = 1
@@ -29,29 +29,29 @@ class Layout:
     order: tuple[str, ...] = _DEFAULT_ORDER
 
     @classmethod
-    def parse(cls, text: str) -> Layout:
+    def parse(cls, text: str) -> RankLayout:
         values: dict[str, int] = {}
         order = _DEFAULT_ORDER
         for part in filter(None, (p.strip() for p in text.split(","))):
             key, sep, value = part.partition("=")
             key = key.strip().lower()
             if not sep:
-                raise LayoutError(f"layout: expected key=value, got {part!r}")
+                raise RankLayoutError(f"layout: expected key=value, got {part!r}")
             if key == "order":
                 dims = tuple(d.strip().lower() for d in value.split("-") if d.strip())
                 dims = tuple(d for d in dims if d != "ep")
                 if sorted(dims) != sorted(DIMS):
-                    raise LayoutError(f"layout: order must list each of tp, cp, dp, pp once, got {value!r}")
+                    raise RankLayoutError(f"layout: order must list each of tp, cp, dp, pp once, got {value!r}")
                 order = dims
                 continue
             if key not in DIMS:
-                raise LayoutError(f"layout: unknown key {key!r} (expected tp, cp, pp, dp or order)")
+                raise RankLayoutError(f"layout: unknown key {key!r} (expected tp, cp, pp, dp or order)")
             try:
                 n = int(value)
             except ValueError:
-                raise LayoutError(f"layout: {key} must be a positive integer, got {value!r}") from None
+                raise RankLayoutError(f"layout: {key} must be a positive integer, got {value!r}") from None
             if n < 1:
-                raise LayoutError(f"layout: {key} must be a positive integer, got {value!r}")
+                raise RankLayoutError(f"layout: {key} must be a positive integer, got {value!r}")
             values[key] = n
         return cls(
             tp=values.get("tp", 1),
@@ -61,21 +61,21 @@ class Layout:
             order=order,
         )
 
-    def resolved(self, world_size: int | None) -> Layout:
+    def resolved(self, world_size: int | None) -> RankLayout:
         """Fill ``dp`` from the world size and check the sizes multiply to it."""
         model = self.tp * self.cp * self.pp
         dp = self.dp
         if dp is None:
             if world_size is None:
-                raise LayoutError("layout: dp is not given and the traces do not say the world size")
+                raise RankLayoutError("layout: dp is not given and the traces do not say the world size")
             if world_size % model:
-                raise LayoutError(f"layout: world size {world_size} is not divisible by tp*cp*pp = {model}")
+                raise RankLayoutError(f"layout: world size {world_size} is not divisible by tp*cp*pp = {model}")
             dp = world_size // model
         if world_size is not None and model * dp != world_size:
-            raise LayoutError(
+            raise RankLayoutError(
                 f"layout: tp*cp*pp*dp = {model * dp} does not match the traces' world size {world_size}"
             )
-        return Layout(tp=self.tp, cp=self.cp, pp=self.pp, dp=dp, order=self.order)
+        return RankLayout(tp=self.tp, cp=self.cp, pp=self.pp, dp=dp, order=self.order)
 
     @property
     def world(self) -> int:
