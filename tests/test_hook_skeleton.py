@@ -103,11 +103,14 @@ def test_every_hook_runs_through_the_skeleton() -> None:
 
 
 def _stop_refusal_codes() -> set[str]:
-    """Every code `search_rules.stop_refusals` can return, read from its source."""
+    """Every code `search_rules.stop_refusals` can return, read from its source: its own refusals and
+    those of each rule it runs (`STOP_RULES`)."""
     tree = ast.parse(Path(search_rules.__file__).read_text())
-    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "stop_refusals")
-    return {c.args[0].value for c in ast.walk(fn) if isinstance(c, ast.Call) and getattr(c.func, "id", "") == "Refusal"
-            and c.args and isinstance(c.args[0], ast.Constant)}
+    names = {"stop_refusals"} | {f.__name__ for f in search_rules.STOP_RULES}
+    fns = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names]
+    assert len(fns) == len(names)
+    return {c.args[0].value for fn in fns for c in ast.walk(fn) if isinstance(c, ast.Call)
+            and getattr(c.func, "id", "") == "Refusal" and c.args and isinstance(c.args[0], ast.Constant)}
 
 
 def test_stop_hints_cover_every_stop_code() -> None:
