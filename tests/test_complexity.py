@@ -38,7 +38,7 @@ PENDING_OTHER_STREAMS: frozenset[str] = frozenset({
     "attune/sim/paper.py",
 })
 
-# `# noqa: C901` followed by some reason (a dash, colon or parenthesis and at least one word)
+# a C901 waiver followed by a reason (a dash, colon or parenthesis, then at least one word)
 _WAIVER = re.compile(r"#\s*noqa:\s*C901\b\s*[-:(—]+\s*\w+")
 
 
