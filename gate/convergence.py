@@ -26,7 +26,7 @@ run on the steps both curves have as finite numbers, for information).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -175,14 +175,9 @@ def compute_checks(steps: list[int], cand: np.ndarray, base: np.ndarray, cfg: Co
     return Checks(correlation=corr, pointwise=pw, final_loss=final, outliers=out)
 
 
-def check_convergence(baseline: Mapping[int, float | None], candidate: Mapping[int, float | None],
-                      config: ConvergenceConfig | None = None) -> ConvergenceResult:
-    """Compare a candidate's loss curve with the baseline's (both keyed by step / iteration)."""
-    cfg = config or ConvergenceConfig()
-    base = {int(k): v for k, v in baseline.items()}
-    cand = {int(k): v for k, v in candidate.items()}
+def _step_problems(base: dict[int, float | None], cand: dict[int, float | None]) -> list[str]:
+    """Steps only one curve has, and missing or non-finite losses."""
     problems: list[str] = []
-
     missing = sorted(set(base) - set(cand))
     extra = sorted(set(cand) - set(base))
     if missing:
@@ -197,6 +192,30 @@ def check_convergence(baseline: Mapping[int, float | None], candidate: Mapping[i
         if nonfinite:
             shown = ", ".join(f"{s}: {curve[s]}" for s in nonfinite[:5])
             problems.append(f"{label} has non-finite loss at step(s) {_ranges(nonfinite)} ({shown})")
+    return problems
+
+
+# The four checks in order: (name, its result in Checks, the reason it failed).
+_CHECK_FAILURES: tuple[tuple[str, Callable[[Checks], Any], Callable[[Checks, ConvergenceConfig], str]], ...] = (
+    ("correlation", lambda c: c.correlation,
+     lambda c, cfg: f"correlation {c.correlation.value:.4f} < {cfg.correlation_min}"),
+    ("pointwise", lambda c: c.pointwise,
+     lambda c, cfg: (f"{c.pointwise.failing_steps}/{c.pointwise.compared_steps} steps outside their "
+                     f"tolerance ({c.pointwise.ratio:.0%} > {cfg.max_pointwise_fail_ratio:.0%})")),
+    ("final_loss", lambda c: c.final_loss,
+     lambda c, cfg: f"final loss differs by {c.final_loss.rel_diff:.2%} > {cfg.final_loss_tolerance:.0%}"),
+    ("outliers", lambda c: c.outliers,
+     lambda c, cfg: f"{c.outliers.count} outlier step(s) ({c.outliers.ratio:.0%} > {cfg.max_outlier_ratio:.0%})"),
+)
+
+
+def check_convergence(baseline: Mapping[int, float | None], candidate: Mapping[int, float | None],
+                      config: ConvergenceConfig | None = None) -> ConvergenceResult:
+    """Compare a candidate's loss curve with the baseline's (both keyed by step / iteration)."""
+    cfg = config or ConvergenceConfig()
+    base = {int(k): v for k, v in baseline.items()}
+    cand = {int(k): v for k, v in candidate.items()}
+    problems = _step_problems(base, cand)
 
     common = sorted(s for s in set(base) & set(cand) if _is_finite(base[s]) and _is_finite(cand[s]))
     n = len(common)
@@ -213,20 +232,10 @@ def check_convergence(baseline: Mapping[int, float | None], candidate: Mapping[i
     failed: list[str] = []
     reasons: list[str] = list(problems)
     if checks is not None:
-        if not checks.correlation.passed:
-            failed.append("correlation")
-            reasons.append(f"correlation {checks.correlation.value:.4f} < {cfg.correlation_min}")
-        if not checks.pointwise.passed:
-            failed.append("pointwise")
-            reasons.append(f"{checks.pointwise.failing_steps}/{checks.pointwise.compared_steps} steps outside their "
-                           f"tolerance ({checks.pointwise.ratio:.0%} > {cfg.max_pointwise_fail_ratio:.0%})")
-        if not checks.final_loss.passed:
-            failed.append("final_loss")
-            reasons.append(f"final loss differs by {checks.final_loss.rel_diff:.2%} > {cfg.final_loss_tolerance:.0%}")
-        if not checks.outliers.passed:
-            failed.append("outliers")
-            reasons.append(f"{checks.outliers.count} outlier step(s) ({checks.outliers.ratio:.0%} > "
-                           f"{cfg.max_outlier_ratio:.0%})")
+        for name, result, why in _CHECK_FAILURES:
+            if not result(checks).passed:
+                failed.append(name)
+                reasons.append(why(checks, cfg))
     return ConvergenceResult(passed=not reasons, reasons=reasons, failed_checks=failed, data_problems=problems,
                              steps=kept, n_steps=n, skipped=skip, checks=checks)
 

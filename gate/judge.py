@@ -60,6 +60,48 @@ def _finite(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _on_common_steps(baseline: Curve, candidate: Curve, ref: ConvergenceResult,
+                     reference_config: ConvergenceConfig | None) -> tuple[ConvergenceResult, Excuse] | None:
+    """The reference rule on the common steps, with its excuse, when the step sets differ only by logging."""
+    bad_values = any(v is None or not _finite(v) for c in (baseline, candidate) for v in c.values())
+    if ref.passed or not ref.data_problems or bad_values:
+        return None
+    base = {int(k): v for k, v in baseline.items()}
+    cand = {int(k): v for k, v in candidate.items()}
+    common = set(base) & set(cand)
+    if not (common and max(cand) >= max(base)):
+        return None
+    common_ref = check_convergence({s: base[s] for s in common}, {s: cand[s] for s in common}, reference_config)
+    return common_ref, Excuse(check="step sets", why=(
+        f"the curves' step sets differ only by logging ({len(base)} baseline and {len(cand)} candidate "
+        f"steps); the reference rule is applied to the {len(common)} common steps"))
+
+
+def _flat_window(baseline: Curve, used: ConvergenceResult, env: NoiseEnvelope) -> Excuse | None:
+    """The excuse for a failed correlation on a window where the baseline moves less than its noise."""
+    if "correlation" not in used.failed_checks or used.checks is None or not used.steps:
+        return None
+    b = np.array([float(baseline[s]) for s in used.steps])  # type: ignore[arg-type]
+    sig = np.array([env.unit(s)[0] for s in used.steps]) * np.abs(b)
+    noise = float(np.sqrt(np.mean(sig ** 2)))
+    spread = float(np.std(b))
+    if spread >= FLAT_RATIO * noise:
+        return None
+    return Excuse(check="correlation", why=(
+        f"correlation {used.checks.correlation.value:.3f} on a flat window: the baseline moves by "
+        f"{spread:.4g} (std over steps {used.steps[0]}-{used.steps[-1]}), less than {FLAT_RATIO:.2f} x the "
+        f"noise {noise:.4g}, so even a replicate could not reach {used.checks.correlation.threshold}"))
+
+
+def _summary(passed: bool, na: NoiseAwareResult, ref: ConvergenceResult, excused: list[Excuse],
+             reasons: list[str]) -> str:
+    if not passed:
+        return "layer 2 rejects: " + "; ".join(reasons)
+    return ("layer 2 passes: " + na.summary().removeprefix("noise-aware check passes ")
+            + "; reference rule " + ("passes" if ref.passed else "passes after: "
+                                     + "; ".join(x.why for x in excused)))
+
+
 def judge(baseline: Curve, candidate: Curve, *, replicates: Sequence[tuple[str, str, Curve]] = (),
           envelope: NoiseEnvelope | None = None, reference_config: ConvergenceConfig | None = None,
           noise_config: NoiseConfig | None = None) -> GateConvergence:
@@ -71,30 +113,16 @@ def judge(baseline: Curve, candidate: Curve, *, replicates: Sequence[tuple[str, 
     excused: list[Excuse] = []
     used = ref
     common_ref: ConvergenceResult | None = None
-    bad_values = any(v is None or not _finite(v) for c in (baseline, candidate) for v in c.values())
-    if not ref.passed and ref.data_problems and not bad_values:
-        base = {int(k): v for k, v in baseline.items()}
-        cand = {int(k): v for k, v in candidate.items()}
-        common = set(base) & set(cand)
-        if common and max(cand) >= max(base):
-            common_ref = check_convergence({s: base[s] for s in common}, {s: cand[s] for s in common},
-                                           reference_config)
-            used = common_ref
-            excused.append(Excuse(check="step sets", why=(
-                f"the curves' step sets differ only by logging ({len(base)} baseline and {len(cand)} candidate "
-                f"steps); the reference rule is applied to the {len(common)} common steps")))
+    on_common = _on_common_steps(baseline, candidate, ref, reference_config)
+    if on_common is not None:
+        common_ref, excuse = on_common
+        used = common_ref
+        excused.append(excuse)
     failing = list(used.failed_checks)
-    if "correlation" in failing and used.checks is not None and used.steps:
-        b = np.array([float(baseline[s]) for s in used.steps])  # type: ignore[arg-type]
-        sig = np.array([env.unit(s)[0] for s in used.steps]) * np.abs(b)
-        noise = float(np.sqrt(np.mean(sig ** 2)))
-        spread = float(np.std(b))
-        if spread < FLAT_RATIO * noise:
-            failing.remove("correlation")
-            excused.append(Excuse(check="correlation", why=(
-                f"correlation {used.checks.correlation.value:.3f} on a flat window: the baseline moves by "
-                f"{spread:.4g} (std over steps {used.steps[0]}-{used.steps[-1]}), less than {FLAT_RATIO:.2f} x the "
-                f"noise {noise:.4g}, so even a replicate could not reach {used.checks.correlation.threshold}")))
+    flat = _flat_window(baseline, used, env)
+    if flat is not None:
+        failing.remove("correlation")
+        excused.append(flat)
     ref_ok = not failing and not used.data_problems
     reasons: list[str] = []
     if not na.passed:
@@ -103,14 +131,9 @@ def judge(baseline: Curve, candidate: Curve, *, replicates: Sequence[tuple[str, 
         reasons += [f"reference: {r}" for r in used.reasons
                     if not (r.startswith("correlation") and "correlation" not in failing)]
     passed = na.passed and ref_ok
-    if passed:
-        summary = ("layer 2 passes: " + na.summary().removeprefix("noise-aware check passes ")
-                   + "; reference rule " + ("passes" if ref.passed else "passes after: "
-                                            + "; ".join(x.why for x in excused)))
-    else:
-        summary = "layer 2 rejects: " + "; ".join(reasons)
-    return GateConvergence(passed=passed, summary=summary, reasons=reasons, reference=ref,
-                           reference_common=common_ref, reference_counts=ref_ok, excused=excused, noise_aware=na)
+    return GateConvergence(passed=passed, summary=_summary(passed, na, ref, excused, reasons), reasons=reasons,
+                           reference=ref, reference_common=common_ref, reference_counts=ref_ok, excused=excused,
+                           noise_aware=na)
 
 
 def curves_from(entries: Mapping[str, Curve]) -> list[tuple[str, str, Curve]]:

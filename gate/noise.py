@@ -266,14 +266,9 @@ def _interval(steps: Sequence[int]) -> int | None:
     return int(vals[np.argmax(counts)])
 
 
-def check_noise_aware(baseline: Curve, candidate: Curve, envelope: NoiseEnvelope | None = None,
-                      config: NoiseConfig | None = None) -> NoiseAwareResult:
-    """Judge the candidate against the baseline and the envelope (default: the floor alone)."""
-    cfg = config or NoiseConfig()
-    env = envelope or build_envelope(baseline, (), cfg)
-    k = env.k_sigma
+def _curve_problems(baseline: Curve, candidate: Curve, base: dict[int, float], cand: dict[int, float]) -> list[str]:
+    """What is wrong with the curves themselves: missing or non-finite losses, a candidate that stops early."""
     problems: list[str] = []
-    notes: list[str] = []
     for label, curve in (("candidate", candidate), ("baseline", baseline)):
         absent = sorted(int(s) for s, v in curve.items() if v is None)
         bad = sorted(int(s) for s, v in curve.items() if v is not None and not _finite(v))
@@ -281,18 +276,79 @@ def check_noise_aware(baseline: Curve, candidate: Curve, envelope: NoiseEnvelope
             problems.append(f"{label} has no loss at step(s) {_ranges(absent)} (a NaN loss is not printed)")
         if bad:
             problems.append(f"{label} has a non-finite loss at step(s) {_ranges(bad)}")
-    base, cand = _clean(baseline), _clean(candidate)
-    common = sorted(set(base) & set(cand))
     if base and cand and max(cand) < max(base) and max(set(candidate)) < max(base):
         problems.append(f"the candidate stops at step {max(cand)}, before the baseline's last step {max(base)}")
+    return problems
+
+
+def _coverage_note(base: dict[int, float], cand: dict[int, float], common: list[int]) -> str | None:
+    """Which steps only one curve has (and the logging intervals when they differ), or None."""
     only_b = sorted(set(base) - set(cand))
     only_c = sorted(set(cand) - set(base))
-    if only_b or only_c:
-        ib, ic = _interval(sorted(base)), _interval(sorted(cand))
-        how = f" (baseline logged every {ib} step(s), candidate every {ic})" if ib != ic else ""
-        notes.append(f"compared the {len(common)} step(s) both curves have{how}; not compared: "
-                     + "; ".join(x for x in (f"baseline-only {_ranges(only_b)}" if only_b else "",
-                                             f"candidate-only {_ranges(only_c)}" if only_c else "") if x))
+    if not (only_b or only_c):
+        return None
+    ib, ic = _interval(sorted(base)), _interval(sorted(cand))
+    how = f" (baseline logged every {ib} step(s), candidate every {ic})" if ib != ic else ""
+    skipped = [f"baseline-only {_ranges(only_b)}" if only_b else "", f"candidate-only {_ranges(only_c)}" if only_c else ""]
+    return f"compared the {len(common)} step(s) both curves have{how}; not compared: " + "; ".join(x for x in skipped if x)
+
+
+def _trend(common: list[int], e: np.ndarray, u_bar: float, k: float) -> TrendCheck:
+    """The drift of the difference over the window, in units of the window's noise."""
+    x = np.asarray(common, dtype=np.float64)
+    slope = float(np.polyfit(x, e, 1)[0]) if len(common) >= 2 and np.ptp(x) > 0 else 0.0
+    drift = slope * float(x[-1] - x[0])
+    return TrendCheck(slope_rel_per_step=slope, drift_rel=drift, noise_at_end=u_bar, drift_z=drift / u_bar,
+                      limit_z=k, passed=abs(drift / u_bar) <= k)
+
+
+def _pointwise(common: list[int], b: np.ndarray, c: np.ndarray, e: np.ndarray, u: np.ndarray, z: np.ndarray,
+               k: float, cfg: NoiseConfig) -> PointwiseEnvelopeCheck:
+    """How many steps fall outside k noise units, against the allowance, with the worst five."""
+    n_out = int((np.abs(z) > k).sum())
+    allowed = int(math.floor(cfg.max_outside_ratio * len(common))) if len(common) >= 10 else 0
+    order = np.argsort(-np.abs(z))[:5]
+    worst = [StepDeviation(step=common[i], candidate=float(c[i]), baseline=float(b[i]), rel_diff=float(e[i]),
+                           envelope=float(k * u[i]), z=float(z[i])) for i in order]
+    return PointwiseEnvelopeCheck(outside=n_out, compared=len(common), ratio=n_out / len(common), allowed=allowed,
+                                  passed=n_out <= allowed, worst=worst)
+
+
+def _failures(level: LevelCheck, trend: TrendCheck, pw: PointwiseEnvelopeCheck, common: list[int], u_bar: float,
+              k: float) -> tuple[list[str], list[str]]:
+    """The failed checks' names and their reasons, in the order level, trend, pointwise."""
+    failed: list[str] = []
+    reasons: list[str] = []
+    if not level.passed:
+        failed.append("level")
+        reasons.append(f"level: the candidate's loss is {level.mean_rel_diff:+.3%} off the baseline's on average, "
+                       f"{level.mean_z:+.1f} noise units (limit {k:g}; noise {u_bar:.3%} RMS over the window)")
+    if not trend.passed:
+        failed.append("trend")
+        drift = trend.drift_rel
+        reasons.append(f"trend: the difference drifts by {drift:+.3%} from step {common[0]} to {common[-1]}, "
+                       f"{drift / u_bar:+.1f} x the window's noise ({u_bar:.3%}; limit {k:g})")
+    if not pw.passed:
+        failed.append("pointwise")
+        shown = ", ".join(f"step {w.step} {w.rel_diff:+.2%} (envelope {w.envelope:.2%})"
+                          for w in pw.worst if abs(w.z) > k)
+        reasons.append(f"{pw.outside}/{len(common)} steps outside the envelope (allowed {pw.allowed}): {shown}")
+    return failed, reasons
+
+
+def check_noise_aware(baseline: Curve, candidate: Curve, envelope: NoiseEnvelope | None = None,
+                      config: NoiseConfig | None = None) -> NoiseAwareResult:
+    """Judge the candidate against the baseline and the envelope (default: the floor alone)."""
+    cfg = config or NoiseConfig()
+    env = envelope or build_envelope(baseline, (), cfg)
+    k = env.k_sigma
+    notes: list[str] = []
+    base, cand = _clean(baseline), _clean(candidate)
+    common = sorted(set(base) & set(cand))
+    problems = _curve_problems(baseline, candidate, base, cand)
+    note = _coverage_note(base, cand, common)
+    if note is not None:
+        notes.append(note)
     if len(common) < cfg.min_steps:
         problems.append(f"only {len(common)} step(s) with a finite loss in both curves; at least {cfg.min_steps} "
                         "are needed")
@@ -313,33 +369,9 @@ def check_noise_aware(baseline: Curve, candidate: Curve, envelope: NoiseEnvelope
     u_bar = float(np.sqrt(np.mean(u ** 2)))  # the window's noise: steadier than any one step's estimate
     mean_z = float(np.mean(e)) / u_bar
     level = LevelCheck(mean_rel_diff=float(np.mean(e)), mean_z=mean_z, limit_z=k, passed=abs(mean_z) <= k)
-    x = np.asarray(common, dtype=np.float64)
-    slope = float(np.polyfit(x, e, 1)[0]) if len(common) >= 2 and np.ptp(x) > 0 else 0.0
-    drift = slope * float(x[-1] - x[0])
-    trend = TrendCheck(slope_rel_per_step=slope, drift_rel=drift, noise_at_end=u_bar, drift_z=drift / u_bar,
-                       limit_z=k, passed=abs(drift / u_bar) <= k)
-    outside_mask = np.abs(z) > k
-    n_out = int(outside_mask.sum())
-    allowed = int(math.floor(cfg.max_outside_ratio * len(common))) if len(common) >= 10 else 0
-    order = np.argsort(-np.abs(z))[:5]
-    worst = [StepDeviation(step=common[i], candidate=float(c[i]), baseline=float(b[i]), rel_diff=float(e[i]),
-                           envelope=float(k * u[i]), z=float(z[i])) for i in order]
-    pw = PointwiseEnvelopeCheck(outside=n_out, compared=len(common), ratio=n_out / len(common), allowed=allowed,
-                                passed=n_out <= allowed, worst=worst)
-    failed: list[str] = []
-    reasons = list(problems)
-    if not level.passed:
-        failed.append("level")
-        reasons.append(f"level: the candidate's loss is {level.mean_rel_diff:+.3%} off the baseline's on average, "
-                       f"{mean_z:+.1f} noise units (limit {k:g}; noise {u_bar:.3%} RMS over the window)")
-    if not trend.passed:
-        failed.append("trend")
-        reasons.append(f"trend: the difference drifts by {drift:+.3%} from step {common[0]} to {common[-1]}, "
-                       f"{drift / u_bar:+.1f} x the window's noise ({u_bar:.3%}; limit {k:g})")
-    if not pw.passed:
-        failed.append("pointwise")
-        shown = ", ".join(f"step {w.step} {w.rel_diff:+.2%} (envelope {w.envelope:.2%})"
-                          for w in worst if abs(w.z) > k)
-        reasons.append(f"{n_out}/{len(common)} steps outside the envelope (allowed {allowed}): {shown}")
+    trend = _trend(common, e, u_bar, k)
+    pw = _pointwise(common, b, c, e, u, z, k, cfg)
+    failed, failures = _failures(level, trend, pw, common, u_bar, k)
+    reasons = list(problems) + failures
     return NoiseAwareResult(passed=not reasons, reasons=reasons, failed_checks=failed, data_problems=problems,
                             notes=notes, steps=common, envelope=env, level=level, trend=trend, pointwise=pw)

@@ -294,6 +294,51 @@ def _outcome(group: Group, l1_pass: bool, gate_passes: bool) -> Any:
     return "caught" if not gate_passes else "missed"
 
 
+def _run_candidate(case: Case, cand_args: dict[str, Any], base_run: RunInfo, env: noise.NoiseEnvelope,
+                   loaded: lists.LoadedList, work: Path
+                   ) -> tuple[RunInfo, config_check.ConfigCheckResult | None, judge.GateConvergence,
+                              dict[str, Any]]:
+    """Run the candidate and judge it: its resolved-args check (when both logs carry them), layer 2's
+    verdict against the baseline and the loss deviation."""
+    info = _run(cand_args, case.nproc, {**BASE_ENV, **case.fault_env}, work / f"{case.name}.log")
+    b_res, c_res = _resolved(Path(base_run.log)), _resolved(Path(info.log))
+    l1r = None
+    if b_res is not None and c_res is not None:
+        l1r = config_check.check_resolved(loaded, b_res, c_res, BASE_ENV, BASE_ENV)
+    base_curve = read_losses(base_run.log, FRAMEWORK)
+    cand_curve = read_losses(info.log, FRAMEWORK)
+    l2 = judge.judge(base_curve, cand_curve, envelope=env)
+    return info, l1r, l2, convergence.loss_deviation(base_curve, cand_curve)
+
+
+def _layer1(l1: config_check.ConfigCheckResult, l1r: config_check.ConfigCheckResult | None) -> tuple[bool, str]:
+    """Whether layer 1 passed (the recipe and, where read, the resolved arguments) and its verdict text."""
+    refusals = _names(l1) + [n for n in (_names(l1r) if l1r else []) if n not in _names(l1)]
+    l1_pass = l1.passed and (l1r is None or l1r.passed)
+    return l1_pass, "pass" if l1_pass else "refused: " + ", ".join(refusals)
+
+
+def _passed(result: Any) -> bool | None:
+    return None if result is None else result.passed
+
+
+def _rule_verdict(result: convergence.ConvergenceResult | noise.NoiseAwareResult | None,
+                  info: RunInfo | None) -> str:
+    """One layer-2 rule's verdict text."""
+    return _verdict(_passed(result), result.failed_checks if result else [],
+                    result.data_problems if result else [], info)
+
+
+def _layer2(l2: judge.GateConvergence | None, info: RunInfo | None) -> str:
+    """Layer 2's verdict text: the noise-aware rule's failures, and the reference rule's when it counts."""
+    ref, na = (l2.reference, l2.noise_aware) if l2 is not None else (None, None)
+    failed: list[str] = []
+    if l2 and ref and na:
+        failed = ([f"reference {c}" for c in ref.failed_checks if not l2.reference_counts]
+                  + [f"noise-aware {c}" for c in na.failed_checks])
+    return _verdict(_passed(l2), failed, (na.data_problems if na else []), info)
+
+
 def _score(case: Case, base_args: dict[str, Any], base_run: RunInfo, env: noise.NoiseEnvelope,
            loaded: lists.LoadedList, work: Path, run_refused: bool) -> Row:
     cand_args = config_check.apply_changes(base_args, case.changes)
@@ -303,34 +348,17 @@ def _score(case: Case, base_args: dict[str, Any], base_run: RunInfo, env: noise.
     l2: judge.GateConvergence | None = None
     dev: dict[str, Any] = {"max_rel": None, "final_rel": None}
     if l1.passed or run_refused:
-        info = _run(cand_args, case.nproc, {**BASE_ENV, **case.fault_env}, work / f"{case.name}.log")
-        b_res, c_res = _resolved(Path(base_run.log)), _resolved(Path(info.log))
-        if b_res is not None and c_res is not None:
-            l1r = config_check.check_resolved(loaded, b_res, c_res, BASE_ENV, BASE_ENV)
-        base_curve = read_losses(base_run.log, FRAMEWORK)
-        cand_curve = read_losses(info.log, FRAMEWORK)
-        l2 = judge.judge(base_curve, cand_curve, envelope=env)
-        dev = convergence.loss_deviation(base_curve, cand_curve)
-    refusals = _names(l1) + [n for n in (_names(l1r) if l1r else []) if n not in _names(l1)]
-    l1_pass = l1.passed and (l1r is None or l1r.passed)
-    layer1 = "pass" if l1_pass else "refused: " + ", ".join(refusals)
+        info, l1r, l2, dev = _run_candidate(case, cand_args, base_run, env, loaded, work)
+    l1_pass, layer1 = _layer1(l1, l1r)
     ref, na = (l2.reference, l2.noise_aware) if l2 is not None else (None, None)
-    layer2 = _verdict(None if l2 is None else l2.passed,
-                      ([f"reference {c}" for c in ref.failed_checks if l2 and not l2.reference_counts]
-                       + [f"noise-aware {c}" for c in na.failed_checks]) if l2 and ref and na else [],
-                      (na.data_problems if na else []), info)
     gate_passes = l1_pass and l2 is not None and l2.passed
     ref_gate = l1_pass and ref is not None and ref.passed
     return Row(run=case.name, group=case.group, description=case.description, expected=case.expected,
                list=loaded.model, layer1=layer1, layer1_recipe_passed=l1.passed,
-               layer1_resolved_passed=None if l1r is None else l1r.passed, layer2=layer2,
-               layer2_passed=None if l2 is None else l2.passed,
-               reference=_verdict(None if ref is None else ref.passed, ref.failed_checks if ref else [],
-                                  ref.data_problems if ref else [], info),
-               reference_passed=None if ref is None else ref.passed,
-               noise_aware=_verdict(None if na is None else na.passed, na.failed_checks if na else [],
-                                    na.data_problems if na else [], info),
-               noise_aware_passed=None if na is None else na.passed,
+               layer1_resolved_passed=_passed(l1r), layer2=_layer2(l2, info),
+               layer2_passed=_passed(l2),
+               reference=_rule_verdict(ref, info), reference_passed=_passed(ref),
+               noise_aware=_rule_verdict(na, info), noise_aware_passed=_passed(na),
                max_rel_dev=dev["max_rel"], final_rel_dev=dev["final_rel"],
                mean_z=na.level.mean_z if (na is not None and na.level is not None) else None,
                correlation=ref.checks.correlation.value if (ref is not None and ref.checks is not None) else None,
@@ -344,19 +372,31 @@ def _summary(rows: list[Row]) -> dict[str, Any]:
     args = [r for r in rows if r.group == "argument"]
     faults = [r for r in rows if r.group == "fault"]
     return {
-        "legitimate": {"runs": len(legit), "passed": sum(r.outcome == "correct" for r in legit),
-                       "false_rejects": [r.run for r in legit if r.outcome != "correct"],
-                       "reference_false_rejects": [r.run for r in legit if r.reference_passed is False]},
-        "arguments": {"runs": len(args), "refused_by_layer1": sum(r.outcome == "refused" for r in args),
-                      "not_refused": [r.run for r in args if r.outcome != "refused"],
-                      "layer2_alone_would_reject": [r.run for r in args if r.layer2_passed is False],
-                      "reference_alone_would_reject": [r.run for r in args if r.reference_passed is False]},
-        "faults": {"runs": len(faults), "caught": [r.run for r in faults if r.outcome == "caught"],
-                   "caught_by_reference": [r.run for r in faults if r.reference_passed is False],
-                   "missed": [{"run": r.run, "max_rel_dev": r.max_rel_dev, "final_rel_dev": r.final_rel_dev,
-                               "mean_z": r.mean_z} for r in faults if r.outcome == "missed"]},
+        "legitimate": _legitimate_summary(legit),
+        "arguments": _arguments_summary(args),
+        "faults": _faults_summary(faults),
         "gate_ok": all(r.outcome == "correct" for r in legit) and all(r.outcome == "refused" for r in args),
     }
+
+
+def _legitimate_summary(legit: list[Row]) -> dict[str, Any]:
+    return {"runs": len(legit), "passed": sum(r.outcome == "correct" for r in legit),
+            "false_rejects": [r.run for r in legit if r.outcome != "correct"],
+            "reference_false_rejects": [r.run for r in legit if r.reference_passed is False]}
+
+
+def _arguments_summary(args: list[Row]) -> dict[str, Any]:
+    return {"runs": len(args), "refused_by_layer1": sum(r.outcome == "refused" for r in args),
+            "not_refused": [r.run for r in args if r.outcome != "refused"],
+            "layer2_alone_would_reject": [r.run for r in args if r.layer2_passed is False],
+            "reference_alone_would_reject": [r.run for r in args if r.reference_passed is False]}
+
+
+def _faults_summary(faults: list[Row]) -> dict[str, Any]:
+    return {"runs": len(faults), "caught": [r.run for r in faults if r.outcome == "caught"],
+            "caught_by_reference": [r.run for r in faults if r.reference_passed is False],
+            "missed": [{"run": r.run, "max_rel_dev": r.max_rel_dev, "final_rel_dev": r.final_rel_dev,
+                        "mean_z": r.mean_z} for r in faults if r.outcome == "missed"]}
 
 
 def _pct(x: float | None) -> str:

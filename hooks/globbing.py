@@ -176,6 +176,45 @@ def match(component: str, name: str) -> bool:
     return _match(_compile(component), name)
 
 
+def _join(base: str, name: str) -> str:
+    return base + name if (base == "" or base.endswith("/")) else base + "/" + name
+
+
+def _literal_step(part: str, bases: list[str], cwd: str, last: bool) -> list[str]:
+    """The bases extended by a component without magic: kept where the path exists (a directory unless last)."""
+    lit = _unescape(part)
+    nxt: list[str] = []
+    for b in bases:
+        cand = _join(b, lit)
+        if os.path.lexists(os.path.join(cwd, cand)) if last else os.path.isdir(os.path.join(cwd, cand)):
+            nxt.append(cand)
+    return nxt
+
+
+def _magic_step(part: str, bases: list[str], cwd: str, last: bool, pattern: str, seen: int) -> tuple[list[str], int]:
+    """The bases extended by each matching entry of theirs, and the running count of entries looked at."""
+    if _unescape(part[:1]) == "." or part.startswith("\\."):
+        raise Unsupported(f"the pattern component {part!r} starts with '.'")
+    toks = _compile(part)
+    nxt: list[str] = []
+    for b in bases:
+        d = os.path.join(cwd, b) if b else cwd
+        try:
+            names = sorted(e.name for e in os.scandir(d))
+        except OSError:
+            continue
+        seen += len(names)
+        if seen > LIMIT:
+            raise Unsupported(f"the pattern {pattern!r} looks at more than {LIMIT} directory entries")
+        for name in names:
+            if name.startswith(".") or not _match(toks, name):
+                continue
+            cand = _join(b, name)
+            if last or os.path.isdir(os.path.join(cwd, cand)):
+                nxt.append(cand)
+    return nxt, seen
+
+
 def expand(pattern: str, cwd: str) -> list[str]:
     """The words bash makes of an unquoted pattern (see the module docstring)."""
     absolute = pattern.startswith("/")
@@ -184,41 +223,15 @@ def expand(pattern: str, cwd: str) -> list[str]:
     bases: list[str] = ["/" if absolute else ""]
     seen = 0
     for k, part in enumerate(parts):
-        if part == "" and (k == 0 or k == len(parts) - 1):
-            if k == len(parts) - 1 and k > 0:
+        last = k == len(parts) - 1
+        if part == "":
+            if last and k > 0:  # a trailing '/': every match is a directory, written with its slash
                 bases = [b if b.endswith("/") else b + "/" for b in bases]
             continue
-        if part == "":
-            continue
-        nxt: list[str] = []
         if not has_magic(part):
-            lit = _unescape(part)
-            for b in bases:
-                cand = b + lit if (b == "" or b.endswith("/")) else b + "/" + lit
-                last = k == len(parts) - 1
-                if os.path.lexists(os.path.join(cwd, cand)) if last else os.path.isdir(os.path.join(cwd, cand)):
-                    nxt.append(cand)
+            bases = _literal_step(part, bases, cwd, last)
         else:
-            if _unescape(part[:1]) == "." or part.startswith("\\."):
-                raise Unsupported(f"the pattern component {part!r} starts with '.'")
-            toks = _compile(part)
-            for b in bases:
-                d = os.path.join(cwd, b) if b else cwd
-                try:
-                    names = sorted(e.name for e in os.scandir(d))
-                except OSError:
-                    continue
-                seen += len(names)
-                if seen > LIMIT:
-                    raise Unsupported(f"the pattern {pattern!r} looks at more than {LIMIT} directory entries")
-                for name in names:
-                    if name.startswith("."):
-                        continue
-                    if _match(toks, name):
-                        cand = b + name if (b == "" or b.endswith("/")) else b + "/" + name
-                        if k == len(parts) - 1 or os.path.isdir(os.path.join(cwd, cand)):
-                            nxt.append(cand)
-        bases = nxt
+            bases, seen = _magic_step(part, bases, cwd, last, pattern, seen)
         if not bases:
             break
     out = sorted(b for b in bases if b not in ("", "/"))

@@ -539,42 +539,54 @@ class Policy:
         if tool == "Bash":
             return self.decide_bash(tool_input.get("command"))
         if tool in READ_TOOLS:
-            path = tool_input.get(READ_TOOLS[tool]) or (self.cwd if tool == "LS" else None)
-            if not isinstance(path, str) or not path:
-                return deny(f"{tool}: no path given")
-            problem = self.read_problem(path)
-            return deny(f"{tool} denied: {problem}", path) if problem else allow(f"{tool} inside the allow-list", path)
+            return self._decide_read(tool, tool_input)
         if tool in SEARCH_TOOLS:
             return self._decide_search(tool, tool_input)
         if tool in WRITE_TOOLS:
-            path = tool_input.get(WRITE_TOOLS[tool])
-            if not isinstance(path, str) or not path:
-                return deny(f"{tool}: no path given")
-            problem = self.write_problem(path)
-            return deny(f"{tool} denied: {problem}", path) if problem else allow(f"{tool} in the notes", path)
+            return self._decide_write(tool, tool_input)
         if tool in WEB_TOOLS:
             return deny(f"{tool} denied: web tools are off in a campaign session")
         if tool.startswith("mcp__"):
-            from attune.core import plugin_servers  # the one server list (imported only for MCP tools)
-
-            prefix, servers = plugin_servers.TOOL_PREFIX, plugin_servers.SERVERS
-            server, sep, name = tool[len(prefix):].partition("__") if tool.startswith(prefix) else ("", "", "")
-            if sep and server in servers and name and name.replace("_", "").replace("-", "").isalnum():
-                return allow(f"attune's {server} server", tool)
-            if tool in self.extra_tools:
-                return allow("listed in policy.yaml tools", tool)
-            return deny(f"{tool} denied: only attune's own MCP servers ({', '.join(servers)}) "
-                        "are used in a campaign session", tool)
+            return self._decide_mcp(tool)
         if tool == "ReadMcpResourceTool":
-            server = str(tool_input.get("server", ""))
-            from attune.core import plugin_servers
-
-            if server in {f"plugin:{plugin_servers.PLUGIN}:{s}" for s in plugin_servers.SERVERS}:
-                return allow("a resource of attune's servers", server)
-            return deny(f"ReadMcpResourceTool denied: server {server!r} is not one of attune's", server)
+            return self._decide_mcp_resource(tool_input)
         if tool in SAFE_TOOLS or tool in self.extra_tools:
             return allow(f"{tool} reads and writes no files")
         return deny(f"{tool} denied: not on the campaign's tool allow-list (policy.yaml `tools` may add it)")
+
+    def _decide_read(self, tool: str, tool_input: dict[str, Any]) -> Decision:
+        path = tool_input.get(READ_TOOLS[tool]) or (self.cwd if tool == "LS" else None)
+        if not isinstance(path, str) or not path:
+            return deny(f"{tool}: no path given")
+        problem = self.read_problem(path)
+        return deny(f"{tool} denied: {problem}", path) if problem else allow(f"{tool} inside the allow-list", path)
+
+    def _decide_write(self, tool: str, tool_input: dict[str, Any]) -> Decision:
+        path = tool_input.get(WRITE_TOOLS[tool])
+        if not isinstance(path, str) or not path:
+            return deny(f"{tool}: no path given")
+        problem = self.write_problem(path)
+        return deny(f"{tool} denied: {problem}", path) if problem else allow(f"{tool} in the notes", path)
+
+    def _decide_mcp(self, tool: str) -> Decision:
+        from attune.core import plugin_servers  # the one server list (imported only for MCP tools)
+
+        prefix, servers = plugin_servers.TOOL_PREFIX, plugin_servers.SERVERS
+        server, sep, name = tool[len(prefix):].partition("__") if tool.startswith(prefix) else ("", "", "")
+        if sep and server in servers and name and name.replace("_", "").replace("-", "").isalnum():
+            return allow(f"attune's {server} server", tool)
+        if tool in self.extra_tools:
+            return allow("listed in policy.yaml tools", tool)
+        return deny(f"{tool} denied: only attune's own MCP servers ({', '.join(servers)}) "
+                    "are used in a campaign session", tool)
+
+    def _decide_mcp_resource(self, tool_input: dict[str, Any]) -> Decision:
+        server = str(tool_input.get("server", ""))
+        from attune.core import plugin_servers
+
+        if server in {f"plugin:{plugin_servers.PLUGIN}:{s}" for s in plugin_servers.SERVERS}:
+            return allow("a resource of attune's servers", server)
+        return deny(f"ReadMcpResourceTool denied: server {server!r} is not one of attune's", server)
 
     def _decide_search(self, tool: str, tool_input: dict[str, Any]) -> Decision:
         path = tool_input.get("path") or self.cwd

@@ -222,28 +222,57 @@ def _flow_list(text: str, where: str) -> list[str]:
     return items
 
 
-def parse_policy(text: str, name: str = POLICY_FILE) -> dict[str, list[str]]:
-    """Parse policy.yaml's subset (or a JSON object); raises PolicyFileError naming the line."""
+def _parse_policy_json(text: str, name: str) -> dict[str, list[str]]:
+    """policy.yaml written as a JSON object."""
     from hooks import hookjson as json
 
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        raise PolicyFileError(f"{name}: not valid JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise PolicyFileError(f"{name}: expected an object")
     out: dict[str, list[str]] = {}
+    for key, val in obj.items():
+        where = f"{name}: {key}"
+        if key not in POLICY_KEYS:
+            raise PolicyFileError(f"{where}: unknown key; expected one of {', '.join(POLICY_KEYS)}")
+        if isinstance(val, str):
+            val = [val]
+        if not isinstance(val, list) or not all(isinstance(v, str) and v for v in val):
+            raise PolicyFileError(f"{where}: expected a list of non-empty strings")
+        out[key] = list(val)
+    return out
+
+
+def _key_line(line: str, where: str, out: dict[str, list[str]]) -> str | None:
+    """A `key: value` line: its values into `out`; the key when list items may follow it, else None."""
+    key, sep, rest = line.partition(":")
+    key = key.strip()
+    if not sep:
+        raise PolicyFileError(f"{where}: expected 'key: value'")
+    if key not in POLICY_KEYS:
+        raise PolicyFileError(f"{where}: unknown key {key!r}; expected one of {', '.join(POLICY_KEYS)}")
+    if key in out:
+        raise PolicyFileError(f"{where}: key {key!r} given twice")
+    rest = rest.strip()
+    if not rest:
+        out[key] = []
+        return key
+    if rest.startswith("["):
+        if not rest.endswith("]"):
+            raise PolicyFileError(f"{where}: a [list] must close on the same line")
+        out[key] = _flow_list(rest, where)
+    else:
+        out[key] = [_scalar(rest, where)]
+    return None
+
+
+def parse_policy(text: str, name: str = POLICY_FILE) -> dict[str, list[str]]:
+    """Parse policy.yaml's subset (or a JSON object); raises PolicyFileError naming the line."""
     if text.lstrip().startswith("{"):
-        try:
-            obj = json.loads(text)
-        except ValueError as exc:
-            raise PolicyFileError(f"{name}: not valid JSON ({exc})") from None
-        if not isinstance(obj, dict):
-            raise PolicyFileError(f"{name}: expected an object")
-        for key, val in obj.items():
-            where = f"{name}: {key}"
-            if key not in POLICY_KEYS:
-                raise PolicyFileError(f"{where}: unknown key; expected one of {', '.join(POLICY_KEYS)}")
-            if isinstance(val, str):
-                val = [val]
-            if not isinstance(val, list) or not all(isinstance(v, str) and v for v in val):
-                raise PolicyFileError(f"{where}: expected a list of non-empty strings")
-            out[key] = list(val)
-        return out
+        return _parse_policy_json(text, name)
+    out: dict[str, list[str]] = {}
     current: str | None = None
     for lineno, raw in enumerate(text.splitlines(), 1):
         where = f"{name} line {lineno}"
@@ -255,26 +284,7 @@ def parse_policy(text: str, name: str = POLICY_FILE) -> dict[str, list[str]]:
         if line.strip() == "---" and not out:
             continue
         if line[0] not in " -":
-            key, sep, rest = line.partition(":")
-            key = key.strip()
-            if not sep:
-                raise PolicyFileError(f"{where}: expected 'key: value'")
-            if key not in POLICY_KEYS:
-                raise PolicyFileError(f"{where}: unknown key {key!r}; expected one of {', '.join(POLICY_KEYS)}")
-            if key in out:
-                raise PolicyFileError(f"{where}: key {key!r} given twice")
-            rest = rest.strip()
-            if not rest:
-                out[key] = []
-                current = key
-            elif rest.startswith("["):
-                if not rest.endswith("]"):
-                    raise PolicyFileError(f"{where}: a [list] must close on the same line")
-                out[key] = _flow_list(rest, where)
-                current = None
-            else:
-                out[key] = [_scalar(rest, where)]
-                current = None
+            current = _key_line(line, where, out)
             continue
         item = line.strip()
         if not item.startswith("- ") and item != "-":

@@ -103,38 +103,26 @@ def _priors_text(campaign):
     return out if len(out) <= PRIOR_CHARS else out[:PRIOR_CHARS - 3] + "..."
 
 
-def summary(st, campaign, source):
-    """The context text for a folded CampaignState."""
-    if st.name is None:
-        return (f"attune campaign directory {campaign} (campaign.yaml found), but the campaign has not started: "
-                "its ledger has no campaign_started row. Start it first with the broker's start_campaign tool "
-                "(mcp__plugin_attune_broker__start_campaign): it validates campaign.yaml, freezes it and writes the "
-                "first ledger row; then follow the attune skill's Start section.")
-    d = st.as_dict()
-    b = d["budget"]
-    cal = d["calibration"]
-    lead = d["leader"]
-    lines = [
-        f"attune campaign {st.name!r} in {campaign}; state rebuilt from its ledger ({d['rows']} rows) "
-        f"at session {source}. The ledger is the source of truth: continue from here.",
-        f"Budget (GPU-hours): total {_h(b['total_gpu_hours'])}, charged {_h(b['charged_gpu_hours'])}, "
-        f"in flight {_h(b['in_flight_gpu_hours'])}, check reserve left {_h(b['reserve_left_gpu_hours'])}, "
-        f"left for search {_h(b['search_remaining_gpu_hours'])}" + (" (spent)" if b["spent"] else "") + ".",
-    ]
+def _calibration_line(cal):
     if cal["band"] is None:
-        lines.append(f"Calibration: {cal['runs']} of {cal['required_runs']} baseline runs; no band yet.")
-    else:
-        lines.append(f"Calibration: {cal['runs']} baseline runs, mean {cal['mean']:.6g} tokens/s/GPU, "
-                     f"band {cal['band'] * 100:.2f}%.")
-    if lead["run_id"]:
-        gain = "" if lead["gain"] is None else f", gain {lead['gain'] * 100:+.2f}% over the baseline"
-        lines.append(f"Leader: {lead['run_id']} at {lead['tokens_per_s_per_gpu']:.6g} tokens/s/GPU{gain}.")
-    else:
-        lines.append("Leader: none yet.")
+        return f"Calibration: {cal['runs']} of {cal['required_runs']} baseline runs; no band yet."
+    return (f"Calibration: {cal['runs']} baseline runs, mean {cal['mean']:.6g} tokens/s/GPU, "
+            f"band {cal['band'] * 100:.2f}%.")
+
+
+def _leader_line(lead):
+    if not lead["run_id"]:
+        return "Leader: none yet."
+    gain = "" if lead["gain"] is None else f", gain {lead['gain'] * 100:+.2f}% over the baseline"
+    return f"Leader: {lead['run_id']} at {lead['tokens_per_s_per_gpu']:.6g} tokens/s/GPU{gain}."
+
+
+def _runs_lines(st, d):
+    """The runs admitted, those in flight and the latest finished search runs."""
     runs = list(st.runs.values())
     search = [r for r in runs if r.kind == "search"]
-    lines.append(f"Runs: {len(runs)} admitted ({len(search)} search), {d['failed_launches']} failed search "
-                 f"launches, {d['launches_refused']} refused launches.")
+    lines = [f"Runs: {len(runs)} admitted ({len(search)} search), {d['failed_launches']} failed search "
+             f"launches, {d['launches_refused']} refused launches."]
     if st.in_flight:
         lines.append("Runs in flight: " + ", ".join(
             f"{r.run_id} ({r.kind}, {r.status}" + (f", lever {r.lever}" if r.lever else "") + ")"
@@ -147,7 +135,12 @@ def summary(st, campaign, source):
             f"{r.run_id} lever={r.lever or '-'} outcome={r.outcome}"
             + (f" {r.tokens_per_s_per_gpu:.6g} tok/s/GPU" if isinstance(r.tokens_per_s_per_gpu, (int, float)) else "")
             + (f" verdict={r.verdict}" if r.verdict else "") for r in recent) + ".")
-    lines.append(f"Last diagnosis: {st.last_diagnosis or 'none recorded'}")
+    return lines
+
+
+def _ending_lines(st):
+    """Assumptions, the stop, what shipped, a failure, and what is still open before the session ends."""
+    lines = [f"Last diagnosis: {st.last_diagnosis or 'none recorded'}"]
     if st.assumptions:
         last = st.assumptions[-1]
         lines.append(f"Assumptions recorded: {len(st.assumptions)} (last: {last.get('question')!r} -> "
@@ -160,6 +153,29 @@ def summary(st, campaign, source):
         lines.append(f"The campaign ended FAILED: {st.failed.get('reason')}. Nothing more runs in it.")
     missing = st.missing_for_stop()
     lines.append("Open items before this session may end: " + ("; ".join(missing) if missing else "none") + ".")
+    return lines
+
+
+def summary(st, campaign, source):
+    """The context text for a folded CampaignState."""
+    if st.name is None:
+        return (f"attune campaign directory {campaign} (campaign.yaml found), but the campaign has not started: "
+                "its ledger has no campaign_started row. Start it first with the broker's start_campaign tool "
+                "(mcp__plugin_attune_broker__start_campaign): it validates campaign.yaml, freezes it and writes the "
+                "first ledger row; then follow the attune skill's Start section.")
+    d = st.as_dict()
+    b = d["budget"]
+    lines = [
+        f"attune campaign {st.name!r} in {campaign}; state rebuilt from its ledger ({d['rows']} rows) "
+        f"at session {source}. The ledger is the source of truth: continue from here.",
+        f"Budget (GPU-hours): total {_h(b['total_gpu_hours'])}, charged {_h(b['charged_gpu_hours'])}, "
+        f"in flight {_h(b['in_flight_gpu_hours'])}, check reserve left {_h(b['reserve_left_gpu_hours'])}, "
+        f"left for search {_h(b['search_remaining_gpu_hours'])}" + (" (spent)" if b["spent"] else "") + ".",
+        _calibration_line(d["calibration"]),
+        _leader_line(d["leader"]),
+    ]
+    lines += _runs_lines(st, d)
+    lines += _ending_lines(st)
     lines.append("Rules enforced by the plugin's hooks: shell commands are deny-by-default (read-only commands "
                  "and the skill's scripts only, one command per call); edits and writes only under "
                  f"{os.path.join(campaign, 'notes')}; launches, metrics, traces and the gate go through the attune "

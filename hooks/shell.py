@@ -94,14 +94,33 @@ def lex(line: str) -> tuple[list[Word], list[Redirect]]:
     return stages[0]
 
 
-def pipeline(line: str) -> list[tuple[list[Word], list[Redirect]]]:
-    """Split a pipeline into its stages (words and redirections of each), or raise Refused."""
+def _check_characters(line: str) -> None:
+    """Refuse newlines (several commands) and control characters."""
     for ch in line:
         o = ord(ch)
         if ch == "\n" or ch == "\r":
             raise Refused(f"the command contains {_describe(ch)}: run one command per call")
         if (o < 32 and ch != "\t") or o == 127:
             raise Refused(f"the command contains the control character U+{o:04X}")
+
+
+def _pipe(line: str, i: int, words: list[Word]) -> None:
+    """Refuse `||`, `|&` and a pipe with no command before it."""
+    if line[i + 1 : i + 2] in ("|", "&"):
+        raise Refused(f"the command contains '{line[i:i + 2]}' (chaining or piping stderr)")
+    if not words:
+        raise Refused("a pipe '|' with no command before it")
+
+
+def _starts_redirect(line: str, i: int) -> bool:
+    """A redirection operator that starts a token (with an optional &)."""
+    ch = line[i]
+    return ch in "<>" or (ch == "&" and i + 1 < len(line) and line[i + 1] == ">")
+
+
+def pipeline(line: str) -> list[tuple[list[Word], list[Redirect]]]:
+    """Split a pipeline into its stages (words and redirections of each), or raise Refused."""
+    _check_characters(line)
     words: list[Word] = []
     redirs: list[Redirect] = []
     stages = [(words, redirs)]
@@ -113,16 +132,12 @@ def pipeline(line: str) -> list[tuple[list[Word], list[Redirect]]]:
             break
         ch = line[i]
         if ch == "|":
-            if line[i + 1 : i + 2] in ("|", "&"):
-                raise Refused(f"the command contains '{line[i:i + 2]}' (chaining or piping stderr)")
-            if not words:
-                raise Refused("a pipe '|' with no command before it")
+            _pipe(line, i, words)
             words, redirs = [], []
             stages.append((words, redirs))
             i += 1
             continue
-        # A redirection operator that starts a token (with an optional &).
-        if ch in "<>" or (ch == "&" and i + 1 < n and line[i + 1] == ">"):
+        if _starts_redirect(line, i):
             i = _redirect(line, i, None, redirs)
             continue
         if ch == "#":

@@ -50,48 +50,61 @@ class RunnerError(Exception):
 # ------------------------------------------------------------------------------------ events
 
 
+def _budget_set(d: dict[str, Any], state: CampaignState) -> str:
+    cal = state.calibration
+    band = f"; mean {cal.mean:,.1f} tokens/s/GPU, band {cal.band:.2%}" if cal else ""
+    return f"calibration complete{band}; budget {d['gpu_hours']:.4g} GPU-h (reserve {d.get('reserve_gpu_hours') or 0:.3g})"
+
+
+def _launch_admitted(d: dict[str, Any], state: CampaignState) -> str:
+    ch = d.get("changes") or {}
+    parts = [f"{k}={'unset' if v is None else v}" for k, v in (ch.get("args") or {}).items()] + [
+        f"{k}={'unset' if v is None else v}" for k, v in (ch.get("env") or {}).items()]
+    what = {"calibration": "calibration run", "check": f"check run of {d.get('base_run_id')}",
+            "remeasure": f"final re-measurement of {d.get('base_run_id')}"}.get(d["kind"], "search run")
+    return f"launch {d['run_id']}: {what}" + (f" ({', '.join(parts)})" if parts and d["kind"] == "search" else "")
+
+
+def _measurement(d: dict[str, Any], state: CampaignState) -> str:
+    run = state.runs.get(d["run_id"])
+    tps = d.get("tokens_per_s_per_gpu")
+    cal = state.calibration
+    g = f" ({tps / cal.mean - 1:+.1%})" if tps and cal and run and run.kind == RunKind.SEARCH else ""
+    out = run.outcome if run else "?"
+    val = f"{tps:,.1f} tokens/s/GPU{g}" if tps else "no measurement"
+    return f"  {d['run_id']}: {out}, {val}, {d.get('verdict')}"
+
+
+def _leader_changed(d: dict[str, Any], state: CampaignState) -> str:
+    g = d.get("gain_over_baseline")
+    return f"  new leader {d['run_id']}" + (f": {g:+.1%} over the baseline" if g is not None else "")
+
+
+def _check_run(d: dict[str, Any], state: CampaignState) -> str:
+    return (f"  gate on {d['candidate_run_id']}: {'passed' if d['passed'] else 'rejected'}"
+            f" ({str(d.get('reason'))[:160]})")
+
+
+# One progress line per ledger row type worth a line: (row data, the state after the row) -> the line.
+_DESCRIBE: dict[str, Callable[[dict[str, Any], CampaignState], str]] = {
+    "campaign_started": lambda d, _: f"campaign {d['name']} started ({d.get('gpus')} GPUs, {d.get('backend')} backend)",
+    "budget_set": _budget_set,
+    "launch_admitted": _launch_admitted,
+    "measurement": _measurement,
+    "launch_refused": lambda d, _: f"  refused ({d.get('code')}): {str(d.get('reason'))[:160]}",
+    "leader_changed": _leader_changed,
+    "stop_recorded": lambda d, _: f"stop: {str(d.get('diagnosis'))[:200]}",
+    "check_run": _check_run,
+    "shipped": lambda d, _: f"shipped {d['run_id']}: {d.get('reason')}",
+    "campaign_failed": lambda d, _: f"the campaign FAILED: {d.get('reason')}",
+    "remeasurement": lambda d, _: f"  re-measured {d['recipe_of']}: {d['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU",
+}
+
+
 def describe_row(row: ledger_mod.Row, state: CampaignState) -> str | None:
     """One line for a ledger row, for progress output (None: not worth a line)."""
-    d = row.data
-    t = row.type
-    if t == "campaign_started":
-        return f"campaign {d['name']} started ({d.get('gpus')} GPUs, {d.get('backend')} backend)"
-    if t == "budget_set":
-        cal = state.calibration
-        band = f"; mean {cal.mean:,.1f} tokens/s/GPU, band {cal.band:.2%}" if cal else ""
-        return f"calibration complete{band}; budget {d['gpu_hours']:.4g} GPU-h (reserve {d.get('reserve_gpu_hours') or 0:.3g})"
-    if t == "launch_admitted":
-        ch = d.get("changes") or {}
-        parts = [f"{k}={'unset' if v is None else v}" for k, v in (ch.get("args") or {}).items()] + [
-            f"{k}={'unset' if v is None else v}" for k, v in (ch.get("env") or {}).items()]
-        what = {"calibration": "calibration run", "check": f"check run of {d.get('base_run_id')}",
-                "remeasure": f"final re-measurement of {d.get('base_run_id')}"}.get(d["kind"], "search run")
-        return f"launch {d['run_id']}: {what}" + (f" ({', '.join(parts)})" if parts and d["kind"] == "search" else "")
-    if t == "measurement":
-        run = state.runs.get(d["run_id"])
-        tps = d.get("tokens_per_s_per_gpu")
-        cal = state.calibration
-        g = f" ({tps / cal.mean - 1:+.1%})" if tps and cal and run and run.kind == RunKind.SEARCH else ""
-        out = run.outcome if run else "?"
-        val = f"{tps:,.1f} tokens/s/GPU{g}" if tps else "no measurement"
-        return f"  {d['run_id']}: {out}, {val}, {d.get('verdict')}"
-    if t == "launch_refused":
-        return f"  refused ({d.get('code')}): {str(d.get('reason'))[:160]}"
-    if t == "leader_changed":
-        g = d.get("gain_over_baseline")
-        return f"  new leader {d['run_id']}" + (f": {g:+.1%} over the baseline" if g is not None else "")
-    if t == "stop_recorded":
-        return f"stop: {str(d.get('diagnosis'))[:200]}"
-    if t == "check_run":
-        return (f"  gate on {d['candidate_run_id']}: {'passed' if d['passed'] else 'rejected'}"
-                f" ({str(d.get('reason'))[:160]})")
-    if t == "shipped":
-        return f"shipped {d['run_id']}: {d.get('reason')}"
-    if t == "campaign_failed":
-        return f"the campaign FAILED: {d.get('reason')}"
-    if t == "remeasurement":
-        return f"  re-measured {d['recipe_of']}: {d['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU"
-    return None
+    describe = _DESCRIBE.get(row.type)
+    return describe(row.data, state) if describe is not None else None
 
 
 class LedgerWatcher:

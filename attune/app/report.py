@@ -102,15 +102,10 @@ def _remeasured(state: CampaignState, recipe_of: str) -> list[float]:
     return valid or [float(r["tokens_per_s_per_gpu"]) for r in rows]
 
 
-def build(campaign_dir: Path | str) -> Report:
-    d = Path(campaign_dir)
-    rows = ledger_mod.read(d).rows
-    state = fold(rows)
-    facts = _spec_facts(d)
-    cal = state.calibration
-    base_mean = cal.mean if cal else None
-
-    # Best-so-far curve in ledger order.
+def _best_so_far(
+    rows: list[Any], base_mean: float | None
+) -> tuple[list[tuple[float, float]], list[tuple[float, float, str]]]:
+    """The best-so-far curve in ledger order, and the points where the leader changed."""
     cum = 0.0
     best = 0.0
     curve: list[tuple[float, float]] = [(0.0, 0.0)]
@@ -123,23 +118,80 @@ def build(campaign_dir: Path | str) -> Report:
             best = max(best, gain(float(row.data["tokens_per_s_per_gpu"]), base_mean))
             curve.append((cum, best))
             leader_points.append((cum, best, str(row.data["run_id"])))
+    return curve, leader_points
 
+
+def _shipped_throughput(
+    state: CampaignState, base_mean: float | None
+) -> tuple[float | None, float | None, bool]:
+    """(baseline, shipped throughput, remeasured): the final repeats' means when both were re-measured,
+    else the calibration's mean and the shipped recipe's own figure."""
     shipped = state.shipped
-    shipped_id = shipped.get("run_id") if shipped else None
-    remeasured = False
-    baseline_tps = base_mean
+    if not shipped:
+        return base_mean, None, False
+    shipped_id = shipped.get("run_id")
+    base_re = _remeasured(state, "baseline")
+    ship_re = _remeasured(state, shipped_id or "baseline")
+    if base_re and ship_re:
+        return statistics.fmean(base_re), statistics.fmean(ship_re), True
     shipped_tps: float | None = None
-    if shipped:
-        base_re = _remeasured(state, "baseline")
-        ship_re = _remeasured(state, shipped_id or "baseline")
-        if base_re and ship_re:
-            baseline_tps, shipped_tps, remeasured = statistics.fmean(base_re), statistics.fmean(ship_re), True
-        elif shipped_id == "baseline":
-            shipped_tps = base_mean
-        elif shipped_id in state.runs:
-            shipped_tps = state.runs[shipped_id].tokens_per_s_per_gpu
-        if shipped.get("tokens_per_s_per_gpu") is not None and not remeasured:
-            shipped_tps = float(shipped["tokens_per_s_per_gpu"])
+    if shipped_id == "baseline":
+        shipped_tps = base_mean
+    elif shipped_id in state.runs:
+        shipped_tps = state.runs[shipped_id].tokens_per_s_per_gpu
+    if shipped.get("tokens_per_s_per_gpu") is not None:
+        shipped_tps = float(shipped["tokens_per_s_per_gpu"])
+    return base_mean, shipped_tps, False
+
+
+def _add_costs(h: Headline, facts: dict[str, Any], used: float, gpus: int | None) -> None:
+    """Cost per million tokens, MFU and payback, where the spec gives what they need."""
+    price = facts.get("price")
+    if price is not None:
+        if h.baseline_tps:
+            h.baseline_cost_per_mtok = cost_per_million_tokens(h.baseline_tps, price)
+        if h.shipped_tps:
+            h.shipped_cost_per_mtok = cost_per_million_tokens(h.shipped_tps, price)
+    peak = peak_flops(facts.get("accelerator", ""), facts.get("precision", "")) if facts else None
+    fpt = facts.get("flops_per_token")
+    if peak and fpt:
+        h.baseline_mfu = mfu(fpt, h.baseline_tps, peak) if h.baseline_tps else None
+        h.shipped_mfu = mfu(fpt, h.shipped_tps, peak) if h.shipped_tps else None
+    if h.gain is not None and gpus:
+        h.payback_days = payback_days(used, gpus, h.gain)
+
+
+def _run_row(state: CampaignState, r: Any, base_mean: float | None) -> dict[str, Any]:
+    """One run's row in the report's table."""
+    diagnosis = state.diagnoses.get(r.run_id) or {}
+    return {
+        "run_id": r.run_id,
+        "kind": r.kind,
+        "lever": r.lever,
+        "hypothesis": r.hypothesis,
+        "changes": r.changes,
+        "outcome": r.outcome,
+        "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu,
+        "gain": gain(r.tokens_per_s_per_gpu, base_mean) if (r.tokens_per_s_per_gpu and base_mean) else None,
+        "charge_gpu_hours": r.charge_gpu_hours,
+        "verdict": r.verdict,
+        "valid": r.valid,
+        "diagnosis": diagnosis.get("text"),
+        "bottleneck": diagnosis.get("bottleneck"),
+    }
+
+
+def build(campaign_dir: Path | str) -> Report:
+    d = Path(campaign_dir)
+    rows = ledger_mod.read(d).rows
+    state = fold(rows)
+    facts = _spec_facts(d)
+    cal = state.calibration
+    base_mean = cal.mean if cal else None
+
+    curve, leader_points = _best_so_far(rows, base_mean)
+    shipped = state.shipped
+    baseline_tps, shipped_tps, remeasured = _shipped_throughput(state, base_mean)
     g = gain(shipped_tps, baseline_tps) if shipped_tps and baseline_tps else None
 
     searches = [r for r in state.runs.values() if r.kind == RunKind.SEARCH]
@@ -152,7 +204,7 @@ def build(campaign_dir: Path | str) -> Report:
         gpus=state.gpus,
         baseline_tps=baseline_tps,
         shipped_tps=shipped_tps,
-        shipped_run_id=shipped_id,
+        shipped_run_id=shipped.get("run_id") if shipped else None,
         gain=g,
         band=cal.band if cal else None,
         rel_sigma=cal.rel_sigma if cal else None,
@@ -165,37 +217,8 @@ def build(campaign_dir: Path | str) -> Report:
         stop_reason=(state.stop or {}).get("diagnosis"),
         final_gpu_hours=state.budget.final_charged,
     )
-    price = facts.get("price")
-    if price is not None:
-        if baseline_tps:
-            h.baseline_cost_per_mtok = cost_per_million_tokens(baseline_tps, price)
-        if shipped_tps:
-            h.shipped_cost_per_mtok = cost_per_million_tokens(shipped_tps, price)
-    peak = peak_flops(facts.get("accelerator", ""), facts.get("precision", "")) if facts else None
-    fpt = facts.get("flops_per_token")
-    if peak and fpt:
-        h.baseline_mfu = mfu(fpt, baseline_tps, peak) if baseline_tps else None
-        h.shipped_mfu = mfu(fpt, shipped_tps, peak) if shipped_tps else None
-    if g is not None and state.gpus:
-        h.payback_days = payback_days(used, state.gpus, g)
-
-    runs = []
-    for r in state.runs.values():
-        runs.append({
-            "run_id": r.run_id,
-            "kind": r.kind,
-            "lever": r.lever,
-            "hypothesis": r.hypothesis,
-            "changes": r.changes,
-            "outcome": r.outcome,
-            "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu,
-            "gain": gain(r.tokens_per_s_per_gpu, base_mean) if (r.tokens_per_s_per_gpu and base_mean) else None,
-            "charge_gpu_hours": r.charge_gpu_hours,
-            "verdict": r.verdict,
-            "valid": r.valid,
-            "diagnosis": (state.diagnoses.get(r.run_id) or {}).get("text"),
-            "bottleneck": (state.diagnoses.get(r.run_id) or {}).get("bottleneck"),
-        })
+    _add_costs(h, facts, used, state.gpus)
+    runs = [_run_row(state, r, base_mean) for r in state.runs.values()]
     return Report(h, curve, leader_points, runs, shipped, list(state.checks), list(state.assumptions), state.stop)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from attune.control.spec import CampaignSpec, load_spec
 from attune.core.campaign_paths import CAMPAIGN_FILE, NOTES_DIR, SUMMARY_FILE
-from attune.core.state import CampaignState, load
+from attune.core.state import CampaignState, RunState, load
 from attune.core.vocab import RunKind, RunOutcome, Verdict
 
 SUMMARY = Path(NOTES_DIR) / SUMMARY_FILE
@@ -31,8 +31,41 @@ def _changes(ch: dict[str, object] | None) -> str:
     return ", ".join(parts) or "the baseline"
 
 
-def render(spec: CampaignSpec, st: CampaignState) -> str:
+def _outcome_lines(st: CampaignState) -> list[str]:
+    """The baseline, what shipped and the leader at the stop."""
     cal = st.calibration
+    shipped = (st.shipped or {}).get("run_id")
+    gain = st.leader_gain()
+    lines = [f"- Baseline: {cal.mean:,.1f} tokens/s/GPU (band {cal.band:.2%})" if cal else
+             "- Baseline: not calibrated"]
+    lines.append(f"- Shipped: {shipped or 'nothing'}"
+                 + (f" ({_changes(st.runs[shipped].changes)})" if shipped in st.runs else ""))
+    if gain is not None:
+        lines.append(f"- Leader at the stop: {st.leader_run_id}, {gain:+.1%} over the baseline during the search")
+    return lines
+
+
+def _loser_line(r: RunState) -> str:
+    why = r.outcome if r.outcome != RunOutcome.OK else (r.verdict or "measured")
+    reason = " ".join(str(r.reason or "").split())[:160] if r.outcome != RunOutcome.OK else ""
+    return f"- {r.run_id}: {_changes(r.changes)} -> {why}" + (f" ({reason})" if reason else "")
+
+
+def _diagnosis_lines(st: CampaignState) -> list[str]:
+    if not st.diagnoses:
+        return []
+    return ["", "## Diagnoses", ""] + [
+        f"- {rid}: " + (f"{d.get('bottleneck')}: " if d.get("bottleneck") else "")
+        + " ".join(str(d.get("text")).split())[:400] for rid, d in st.diagnoses.items()]
+
+
+def _untried(spec: CampaignSpec, search: list[RunState]) -> list[str]:
+    """The search space's levers that no finished search run changed."""
+    changed = {k for r in search for k in list(r.changes.get("args") or {}) + list(r.changes.get("env") or {})}
+    return [k for k in (spec.search_space or {}) if k not in changed]
+
+
+def render(spec: CampaignSpec, st: CampaignState) -> str:
     lines = [
         f"# Campaign summary: {spec.name}",
         "",
@@ -42,32 +75,16 @@ def render(spec: CampaignSpec, st: CampaignState) -> str:
         f"gpus: {spec.cluster.gpus}",
         "",
     ]
-    shipped = (st.shipped or {}).get("run_id")
-    gain = st.leader_gain()
-    lines.append(f"- Baseline: {cal.mean:,.1f} tokens/s/GPU (band {cal.band:.2%})" if cal else
-                 "- Baseline: not calibrated")
-    lines.append(f"- Shipped: {shipped or 'nothing'}"
-                 + (f" ({_changes(st.runs[shipped].changes)})" if shipped in st.runs else ""))
-    if gain is not None:
-        lines.append(f"- Leader at the stop: {st.leader_run_id}, {gain:+.1%} over the baseline during the search")
+    lines += _outcome_lines(st)
     search = [r for r in st.runs.values() if r.kind == RunKind.SEARCH and r.status == "finished"]
     winners = [r for r in search if r.verdict == Verdict.LEADER]
     lines += ["", "## Winners (in order)", ""]
     lines += [f"- {r.run_id}: {_changes(r.changes)} -> {r.tokens_per_s_per_gpu:,.1f} tokens/s/GPU"
               for r in winners if r.tokens_per_s_per_gpu] or ["- none beat the baseline by more than the band"]
     lines += ["", "## Losers and failures", ""]
-    for r in search:
-        if r.verdict == Verdict.LEADER:
-            continue
-        why = r.outcome if r.outcome != RunOutcome.OK else (r.verdict or "measured")
-        reason = " ".join(str(r.reason or "").split())[:160] if r.outcome != RunOutcome.OK else ""
-        lines.append(f"- {r.run_id}: {_changes(r.changes)} -> {why}" + (f" ({reason})" if reason else ""))
-    if st.diagnoses:
-        lines += ["", "## Diagnoses", ""]
-        lines += [f"- {rid}: " + (f"{d.get('bottleneck')}: " if d.get("bottleneck") else "")
-                  + " ".join(str(d.get("text")).split())[:400] for rid, d in st.diagnoses.items()]
-    changed = {k for r in search for k in list(r.changes.get("args") or {}) + list(r.changes.get("env") or {})}
-    untried = [k for k in (spec.search_space or {}) if k not in changed]
+    lines += [_loser_line(r) for r in search if r.verdict != Verdict.LEADER]
+    lines += _diagnosis_lines(st)
+    untried = _untried(spec, search)
     lines += ["", "## Levers left untried", ""] + ([f"- {k}" for k in untried] or ["- none of the search space"])
     if st.stop:
         lines += ["", "## Stop", "", f"- {' '.join(str(st.stop.get('diagnosis')).split())[:600]}"]

@@ -146,10 +146,21 @@ def evaluate_check(control: Control, state: CampaignState, run: RunState, ref: R
                    for rid in state.calibration_run_ids]
     g = judge(b_curve, c_curve, replicates=[x for x in noise_runs if x[2]],
               noise_config=config_for(precision_of(b_res or {})))
+    conv = _convergence_record(g, loss_deviation(b_curve, c_curve), [x[0] for x in noise_runs if x[2]])
+    passed = bool(l1["passed"] and conv["passed"])
+    reason = "passed both layers" if passed else "; ".join(
+        x for x in (None if l1["passed"] else f"layer 1: {l1['summary']}",
+                    None if conv["passed"] else f"convergence: {conv['summary']}") if x)
+    return {**data, "passed": passed, "reason": reason, "layer1": l1, "convergence": conv}
+
+
+def _convergence_record(g: Any, deviation: Any, noise_runs: list[str]) -> dict[str, Any]:
+    """The `check_run` row's convergence part: the judge's verdict, the reference rule's and the noise-aware
+    check's numbers, and which runs made the noise envelope."""
     r2, na = g.reference, g.noise_aware
-    conv = {"passed": g.passed, "summary": g.summary, "reasons": list(g.reasons),
+    return {"passed": g.passed, "summary": g.summary, "reasons": list(g.reasons),
             "failed_checks": list(r2.failed_checks), "data_problems": list(r2.data_problems),
-            "n_steps": r2.n_steps, "deviation": loss_deviation(b_curve, c_curve),
+            "n_steps": r2.n_steps, "deviation": deviation,
             "correlation": r2.checks.correlation.value if r2.checks else None,
             "final_loss_rel_diff": r2.checks.final_loss.rel_diff if r2.checks else None,
             "reference": {"passed": r2.passed, "summary": r2.summary()},
@@ -158,13 +169,7 @@ def evaluate_check(control: Control, state: CampaignState, run: RunState, ref: R
                             "level_z": na.level.mean_z if na.level else None,
                             "trend_z": na.trend.drift_z if na.trend else None,
                             "outside": na.pointwise.outside if na.pointwise else None,
-                            "envelope": na.envelope.basis, "noise_runs": [x[0] for x in noise_runs if x[2]],
-                            "notes": list(na.notes)}}
-    passed = bool(l1["passed"] and conv["passed"])
-    reason = "passed both layers" if passed else "; ".join(
-        x for x in (None if l1["passed"] else f"layer 1: {l1['summary']}",
-                    None if conv["passed"] else f"convergence: {conv['summary']}") if x)
-    return {**data, "passed": passed, "reason": reason, "layer1": l1, "convergence": conv}
+                            "envelope": na.envelope.basis, "noise_runs": noise_runs, "notes": list(na.notes)}}
 
 
 def _losses(state: CampaignState, log: Path) -> dict[int, float | None]:

@@ -241,6 +241,39 @@ def remeasure_problems(state: CampaignState) -> list[str]:
     return problems
 
 
+def _plan_ship(state: CampaignState) -> Action:
+    """Before anything ships: the reference and replicate check runs of the baseline, then each candidate's
+    check run, fastest first; the first that passes ships, else the baseline."""
+    cands = candidates(state)
+    if not cands:
+        return Action("ship", "baseline", "no search run beat the baseline by more than the band")
+    refused = [x for x in state.refusals if x.get("kind") == "check" and x.get("code") == "budget"]
+    if refused:
+        return Action("ship", "baseline", "the reserve could not pay for the next correctness check: "
+                      + str(refused[-1].get("reason")))
+    ref = reference_run(state)
+    unlaunchable = {x.get("of") for x in state.refusals if x.get("kind") == "check"}
+    if ref is None:
+        if "baseline" in unlaunchable or len(_runs_of(state, RunKind.CHECK, "baseline")) >= MAX_REFERENCE_ATTEMPTS:
+            return Action("ship", "baseline", "the baseline's own check run could not be run: no reference curve")
+        return Action("check", "baseline", "the baseline's reference curve for the convergence check")
+    done_reps = len(replicate_runs(state))
+    failed = len(_runs_of(state, RunKind.CHECK, "baseline")) - 1 - done_reps
+    if done_reps < state.replicate_check_runs and failed < MAX_REFERENCE_ATTEMPTS:
+        return Action("check", "baseline", f"replicate check run {done_reps + 1} of {state.replicate_check_runs} of "
+                      "the baseline: the noise envelope of the convergence check")
+    for c in cands:
+        if c.run_id in unlaunchable:  # its check run could not even be admitted (a shape problem, say)
+            continue
+        verdict = check_verdict(state, c.run_id)
+        if verdict is not None:
+            if verdict.get("passed"):
+                return Action("ship", c.run_id, "the fastest candidate that passed the correctness gate")
+            continue
+        return Action("check", c.run_id, f"correctness check of {c.run_id}")
+    return Action("ship", "baseline", f"none of the {len(cands)} candidate(s) passed the correctness gate")
+
+
 def plan(state: CampaignState) -> Action:
     """The next shipping step, from the campaign's state alone."""
     if state.failed is not None:
@@ -258,34 +291,7 @@ def plan(state: CampaignState) -> Action:
     if state.calibration is None:
         return Action("fail", reason=_calibration_problem(state))
     if state.shipped is None:
-        cands = candidates(state)
-        if not cands:
-            return Action("ship", "baseline", "no search run beat the baseline by more than the band")
-        refused = [x for x in state.refusals if x.get("kind") == "check" and x.get("code") == "budget"]
-        if refused:
-            return Action("ship", "baseline", "the reserve could not pay for the next correctness check: "
-                          + str(refused[-1].get("reason")))
-        ref = reference_run(state)
-        unlaunchable = {x.get("of") for x in state.refusals if x.get("kind") == "check"}
-        if ref is None:
-            if "baseline" in unlaunchable or len(_runs_of(state, RunKind.CHECK, "baseline")) >= MAX_REFERENCE_ATTEMPTS:
-                return Action("ship", "baseline", "the baseline's own check run could not be run: no reference curve")
-            return Action("check", "baseline", "the baseline's reference curve for the convergence check")
-        done_reps = len(replicate_runs(state))
-        failed = len(_runs_of(state, RunKind.CHECK, "baseline")) - 1 - done_reps
-        if done_reps < state.replicate_check_runs and failed < MAX_REFERENCE_ATTEMPTS:
-            return Action("check", "baseline", f"replicate check run {done_reps + 1} of {state.replicate_check_runs} of "
-                          "the baseline: the noise envelope of the convergence check")
-        for c in cands:
-            if c.run_id in unlaunchable:  # its check run could not even be admitted (a shape problem, say)
-                continue
-            verdict = check_verdict(state, c.run_id)
-            if verdict is not None:
-                if verdict.get("passed"):
-                    return Action("ship", c.run_id, "the fastest candidate that passed the correctness gate")
-                continue
-            return Action("check", c.run_id, f"correctness check of {c.run_id}")
-        return Action("ship", "baseline", f"none of the {len(cands)} candidate(s) passed the correctness gate")
+        return _plan_ship(state)
     nxt = next_remeasure(state)
     if nxt is not None:
         return Action("remeasure", nxt, "final re-measurement")

@@ -215,6 +215,46 @@ def layouts_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _layout_rows(args: argparse.Namespace, model: Any, reports: list[Any]) -> list[dict[str, Any]]:
+    """Each layout's row, with its memory estimate when asked (dropping those that do not fit with --fits-only)."""
+    seq = args.seq_length or model.seq_length
+    rows: list[dict[str, Any]] = []
+    for r in reports:
+        d = r.as_dict()
+        if args.memory:
+            if seq is None:
+                raise LayoutError("--memory needs --seq-length (the model has no typical one)")
+            est = estimate(model, r.layout, memory_options(args, seq, r.num_microbatches))
+            if args.fits_only and est.fits is False:
+                continue
+            peak = est.peak
+            d["memory"] = {"peak_gib": round(peak.with_margin_bytes / 2**30, 3), "peak_stage": peak.stage,
+                           "fits": est.fits}
+        rows.append(d)
+    return rows
+
+
+def _print_layouts(args: argparse.Namespace, model: Any, rows: list[dict[str, Any]],
+                   shown: list[dict[str, Any]]) -> None:
+    moe = model.is_moe
+    head = f"{'TP':>3} {'PP':>3} {'VP':>3} {'CP':>3} {'DP':>4}"
+    head += f" {'EP':>4} {'ETP':>4} {'EDP':>4}" if moe else ""
+    head += f"  {'split':<22}" + ("  mem GiB  fits" if args.memory else "")
+    print(f"{model.name}: {len(rows)} feasible layout(s) on {args.gpus} GPUs ({args.gpus_per_node} per node)"
+          + (f", showing {len(shown)}" if len(shown) < len(rows) else ""))
+    print(head)
+    for d in shown:
+        sp = d["split"]
+        split = sp["kind"] if sp["kind"] == "even" else f"{sp['kind']} {sp['first']}/{sp['middle']}/{sp['last']}"
+        line = f"{d['tp']:>3} {d['pp']:>3} {d['vp']:>3} {d['cp']:>3} {d['dp']:>4}"
+        if moe:
+            line += f" {d['ep']:>4} {d['etp']:>4} {d['edp']:>4}"
+        line += f"  {split:<22}"
+        if args.memory:
+            line += f"  {d['memory']['peak_gib']:>7.1f}  {d['memory']['fits']}"
+        print(line)
+
+
 def layouts_main(argv: Sequence[str] | None = None) -> int:
     p = layouts_parser()
     args = p.parse_args(argv)
@@ -232,21 +272,7 @@ def layouts_main(argv: Sequence[str] | None = None) -> int:
             raise LayoutError(f"--limit must be >= 0, got {args.limit}")
         if args.fits_only and not (args.memory and (args.gpu_memory_gib or args.accelerator)):
             raise LayoutError("--fits-only needs --memory and a GPU size (--accelerator or --gpu-memory-gib)")
-        reports = enumerate_layouts(model, opts)
-        seq = args.seq_length or model.seq_length
-        rows: list[dict[str, Any]] = []
-        for r in reports:
-            d = r.as_dict()
-            if args.memory:
-                if seq is None:
-                    raise LayoutError("--memory needs --seq-length (the model has no typical one)")
-                est = estimate(model, r.layout, memory_options(args, seq, r.num_microbatches))
-                if args.fits_only and est.fits is False:
-                    continue
-                peak = est.peak
-                d["memory"] = {"peak_gib": round(peak.with_margin_bytes / 2**30, 3), "peak_stage": peak.stage,
-                               "fits": est.fits}
-            rows.append(d)
+        rows = _layout_rows(args, model, enumerate_layouts(model, opts))
     except LayoutError as exc:
         return _fail("layouts.py", str(exc), args.json)
     shown = rows if args.limit == 0 else rows[: args.limit]
@@ -271,23 +297,7 @@ def layouts_main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         _emit(payload)
         return EXIT_OK
-    moe = model.is_moe
-    head = f"{'TP':>3} {'PP':>3} {'VP':>3} {'CP':>3} {'DP':>4}"
-    head += f" {'EP':>4} {'ETP':>4} {'EDP':>4}" if moe else ""
-    head += f"  {'split':<22}" + ("  mem GiB  fits" if args.memory else "")
-    print(f"{model.name}: {len(rows)} feasible layout(s) on {args.gpus} GPUs ({args.gpus_per_node} per node)"
-          + (f", showing {len(shown)}" if len(shown) < len(rows) else ""))
-    print(head)
-    for d in shown:
-        sp = d["split"]
-        split = sp["kind"] if sp["kind"] == "even" else f"{sp['kind']} {sp['first']}/{sp['middle']}/{sp['last']}"
-        line = f"{d['tp']:>3} {d['pp']:>3} {d['vp']:>3} {d['cp']:>3} {d['dp']:>4}"
-        if moe:
-            line += f" {d['ep']:>4} {d['etp']:>4} {d['edp']:>4}"
-        line += f"  {split:<22}"
-        if args.memory:
-            line += f"  {d['memory']['peak_gib']:>7.1f}  {d['memory']['fits']}"
-        print(line)
+    _print_layouts(args, model, rows, shown)
     return EXIT_OK
 
 

@@ -100,6 +100,46 @@ def _split_fits(layers: int, pp: int, args: dict[str, ArgValue]) -> bool:
         return False
 
 
+def _degrees_of(lay: Any) -> dict[str, int]:
+    return {"tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep or 1}
+
+
+def _nearest_layout(reports: list[Any], dim: str, want: int, cur: dict[str, int]) -> Any | None:
+    """The feasible layout with `dim` at `want` that moves the fewest other degrees, then the least (log2)."""
+    import math as _math
+
+    best: tuple[tuple[int, float], Any] | None = None
+    for rep in reports:
+        lay = rep.layout
+        got = _degrees_of(lay)
+        if got[dim] != want:
+            continue
+        others = [d for d in got if d != dim and got[d] != cur[d]]
+        dist = sum(abs(_math.log2(got[d] / cur[d])) for d in others)
+        score = (len(others), dist)
+        if best is None or score < best[0]:
+            best = (score, lay)
+    return None if best is None else best[1]
+
+
+def _apply_layout(full: dict[str, ArgValue], lay: Any, cur: dict[str, int], lever: str, model: Any
+                  ) -> dict[str, ArgValue]:
+    """The recipe's flags moved to `lay`: the degrees that change (and the lever's), the pipeline split
+    replaced by the layout's when the recipe's no longer fits."""
+    out = dict(full)
+    got = _degrees_of(lay)
+    for d, f in DEGREE_FLAGS.items():
+        if (got[d] != cur[d] or f == lever) and not (f == DEGREE_FLAGS["ep"] and not model.is_moe):
+            out[f] = got[d]
+    if lay.split is not None and not _split_fits(model.layers, lay.pp, out):
+        for f in SPLIT_FLAGS:
+            out[f] = None
+        for text in lay.split.flags():
+            name, _, val = text.partition("=")
+            out[name] = int(val) if val else True
+    return out
+
+
 def layout_coupler(spec: CampaignSpec) -> Callable[[dict[str, ArgValue], str, ArgValue], dict[str, ArgValue] | None] | None:
     """Rule 2's coupled sets for parallel degrees: moving one degree moves the ones it forces.
 
@@ -107,8 +147,6 @@ def layout_coupler(spec: CampaignSpec) -> Callable[[dict[str, ArgValue], str, Ar
     enumerator) with that value: the fewest other degrees changed, then the smallest change, and the
     pipeline split recomputed when PP moves. None: no feasible layout has that value. Only where the
     enumerator knows the model (else no coupler, and degrees move alone)."""
-    import math as _math
-
     from attune.knowledge.layouts import LayoutError, LayoutOptions, enumerate_layouts, find_model
 
     try:
@@ -123,13 +161,7 @@ def layout_coupler(spec: CampaignSpec) -> Callable[[dict[str, ArgValue], str, Ar
         v = args.get(flag, spec.baseline.args.get(flag))
         return int(v) if v not in (None, False, True) else 1
 
-    def couple(full: dict[str, ArgValue], lever: str, value: ArgValue) -> dict[str, ArgValue] | None:
-        dim = next((d for d, f in DEGREE_FLAGS.items() if f == lever), None)
-        if dim is None:
-            return full
-        cur = {d: deg(full, f) for d, f in DEGREE_FLAGS.items()}
-        etp = deg(full, "--expert-tensor-parallel-size")
-        mbs = deg(full, "--micro-batch-size")
+    def layouts(etp: int, mbs: int) -> list[Any]:
         key = (etp, mbs)
         if key not in cache:
             try:
@@ -139,35 +171,17 @@ def layout_coupler(spec: CampaignSpec) -> Callable[[dict[str, ArgValue], str, Ar
                     micro_batch=mbs, allowed={"vp": {1}, "etp": {etp}} if model.is_moe else {"vp": {1}}))
             except LayoutError:
                 cache[key] = []
+        return cache[key]
+
+    def couple(full: dict[str, ArgValue], lever: str, value: ArgValue) -> dict[str, ArgValue] | None:
+        dim = next((d for d, f in DEGREE_FLAGS.items() if f == lever), None)
+        if dim is None:
+            return full
+        cur = {d: deg(full, f) for d, f in DEGREE_FLAGS.items()}
+        reports = layouts(deg(full, "--expert-tensor-parallel-size"), deg(full, "--micro-batch-size"))
         want = int(value) if value not in (None, False, True) else 1
-        best: tuple[tuple[int, float], Any] | None = None
-        for rep in cache[key]:
-            lay = rep.layout
-            got = {"tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep or 1}
-            if got[dim] != want:
-                continue
-            others = [d for d in got if d != dim and got[d] != cur[d]]
-            dist = sum(abs(_math.log2(got[d] / cur[d])) for d in others)
-            score = (len(others), dist)
-            if best is None or score < best[0]:
-                best = (score, lay)
-        if best is None:
-            return None
-        lay = best[1]
-        out = dict(full)
-        got = {"tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep or 1}
-        for d, f in DEGREE_FLAGS.items():
-            if got[d] != cur[d] or f == lever:
-                if f == DEGREE_FLAGS["ep"] and not model.is_moe:
-                    continue
-                out[f] = got[d]
-        if lay.split is not None and not _split_fits(model.layers, lay.pp, out):
-            for f in SPLIT_FLAGS:
-                out[f] = None
-            for text in lay.split.flags():
-                name, _, val = text.partition("=")
-                out[name] = int(val) if val else True
-        return out
+        lay = _nearest_layout(reports, dim, want, cur)
+        return None if lay is None else _apply_layout(full, lay, cur, lever, model)
 
     return couple
 

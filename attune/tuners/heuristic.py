@@ -221,9 +221,23 @@ class HeuristicTuner(Tuner):
                 (lever, v) for v in self._values_to_try(lever) if self._beyond(lever, v, tok.get("value"), old)
             )
             return
-        if outcome.outcome == RunOutcome.OOM and not tok.get("retried") and self.memory_retry \
-                and candidate.changes.get("--recompute-granularity", self.baseline.get("--recompute-granularity")) != "full":
-            # Rule 5: give the layout its memory savings back (full recomputation) and measure it again.
+        if outcome.outcome == RunOutcome.OOM and not tok.get("retried") and self._retry_after_oom(candidate, tok, lever):
+            return
+        # Outcomes arrive out of order when runs overlap: a late outcome of another lever counts against
+        # that lever, never against the one being probed now.
+        self.failures[lever] = self.failures.get(lever, 0) + 1
+        if self.failures[lever] >= 2:
+            self.ruled_out[lever] = "two values did not beat the leader"
+            if lever == self.current_lever:
+                self.queue.clear()
+
+    def _retry_after_oom(self, candidate: Candidate, tok: dict[str, Any], lever: str) -> bool:
+        """Rule 5 for a first out-of-memory: queue the candidate again with full recomputation (where the
+        memory retry is on and it had less), else with the first memory saver it lacks. False: nothing new
+        to try, the outcome counts as a failure."""
+        if self.memory_retry and candidate.changes.get(
+                "--recompute-granularity", self.baseline.get("--recompute-granularity")) != "full":
+            # Give the layout its memory savings back (full recomputation) and measure it again.
             changes = self.diff(self._full({**candidate.changes, **FULL_RECOMPUTE}))
             if recipe_key(changes) not in self.tried:
                 self.tried.add(recipe_key(changes))
@@ -233,27 +247,19 @@ class HeuristicTuner(Tuner):
                                 "and measure again before ruling the layout out"),
                     token={**tok, "retried": True},
                 ))
-                return
-        if outcome.outcome == RunOutcome.OOM and not tok.get("retried"):
-            for saver, val in MEMORY_SAVERS.items():
-                if saver in self.space and candidate.changes.get(saver) != val and saver != lever:
-                    changes = {**candidate.changes, saver: val}
-                    changes = self.diff(self._full(changes))
-                    if recipe_key(changes) not in self.tried:
-                        self.tried.add(recipe_key(changes))
-                        self.pending_retry.append(Candidate(
-                            changes=changes, lever=lever,
-                            hypothesis=f"rule 5: {lever} ran out of memory; add back {saver}={val} and measure again",
-                            token={**tok, "retried": True},
-                        ))
-                        return
-        # Outcomes arrive out of order when runs overlap: a late outcome of another lever counts against
-        # that lever, never against the one being probed now.
-        self.failures[lever] = self.failures.get(lever, 0) + 1
-        if self.failures[lever] >= 2:
-            self.ruled_out[lever] = "two values did not beat the leader"
-            if lever == self.current_lever:
-                self.queue.clear()
+                return True
+        for saver, val in MEMORY_SAVERS.items():
+            if saver in self.space and candidate.changes.get(saver) != val and saver != lever:
+                changes = self.diff(self._full({**candidate.changes, saver: val}))
+                if recipe_key(changes) not in self.tried:
+                    self.tried.add(recipe_key(changes))
+                    self.pending_retry.append(Candidate(
+                        changes=changes, lever=lever,
+                        hypothesis=f"rule 5: {lever} ran out of memory; add back {saver}={val} and measure again",
+                        token={**tok, "retried": True},
+                    ))
+                    return True
+        return False
 
     def _beyond(self, lever: str, value: ArgValue, won_value: ArgValue, prev: ArgValue) -> bool:
         """Whether `value` lies further along the direction that took `prev` to `won_value`."""

@@ -131,33 +131,33 @@ class SlurmBackend:
 
     # ---- render ------------------------------------------------------------------------------------
 
-    def render(self, spec: JobSpec) -> str:
-        s = self.settings
+    def _checked_run_dir(self, spec: JobSpec) -> Path:
+        """Refuse a job the script cannot express safely; its run directory, resolved."""
         if not spec.argv:
             raise BackendError(f"job {spec.job_id}: empty command (argv)")
         for key in spec.env:
             if not _ENV_NAME.match(key):
                 raise BackendError(f"job {spec.job_id}: env name {key!r} is not a valid variable name")
-        use_container = spec.image is not None
-        if use_container and s.container_runtime is None:
+        if spec.image is not None and self.settings.container_runtime is None:
             raise BackendError(
                 f"job {spec.job_id} asks for container image {spec.image!r} but the slurm backend has no "
                 "container_runtime setting (set container_runtime: pyxis)"
             )
-        nodes = spec.nodes
-        per_node = spec.gpus // nodes
         run_dir = spec.run_dir.resolve()
         if re.search(r"[\s%]", str(run_dir)):
             # #SBATCH lines are not shell-quoted and sbatch expands %j-style patterns in --output.
             raise BackendError(
                 f"job {spec.job_id}: run_dir {str(run_dir)!r} must not contain whitespace or '%'"
             )
-        q = shlex.quote
-        units = "CPU ranks" if s.gpu_request == "none" else "GPUs"
+        return run_dir
 
+    def _sbatch_options(self, spec: JobSpec, run_dir: Path) -> list[str]:
+        """The #SBATCH options: name, nodes, GPUs and CPUs, limits, placement, output and environment."""
+        s = self.settings
+        per_node = spec.gpus // spec.nodes
         sb: list[str] = [
             f"--job-name={s.job_name_prefix}-{_name_part(spec.campaign)}-{_name_part(spec.job_id)}",
-            f"--nodes={nodes}",
+            f"--nodes={spec.nodes}",
             "--ntasks-per-node=1",  # one launcher (e.g. torchrun) per node; it starts the ranks
         ]
         if s.gpu_request == "gpus-per-node":
@@ -177,13 +177,22 @@ class SlurmBackend:
         if spec.exclude_nodes:
             # The retry of an infrastructure failure runs on other nodes.
             sb.append(f"--exclude={','.join(spec.exclude_nodes)}")
-        sb += [
+        return sb + [
             f"--output={run_dir / RUN_LOG}",  # stdout and stderr together
             f"--chdir={run_dir}",
             "--export=NONE",  # the submitter's environment (the broker's) never reaches the job
             "--no-requeue",  # a node failure ends the job as NODE_FAIL; the broker decides on retries
             *s.extra_sbatch,
         ]
+
+    def render(self, spec: JobSpec) -> str:
+        s = self.settings
+        run_dir = self._checked_run_dir(spec)
+        use_container = spec.image is not None
+        nodes = spec.nodes
+        q = shlex.quote
+        units = "CPU ranks" if s.gpu_request == "none" else "GPUs"
+        sb = self._sbatch_options(spec, run_dir)
 
         lines = [
             "#!/bin/bash",

@@ -161,7 +161,8 @@ def _print_check(result: config_check.ConfigCheckResult) -> None:
     print("PASS" if result.passed else f"REFUSED ({len(result.refusals)} reason(s))")
 
 
-def run_converge(args: argparse.Namespace) -> int:
+def _converge_inputs(args: argparse.Namespace) -> tuple[noise.Curve, noise.Curve, list[tuple[str, str, noise.Curve]]]:
+    """The baseline's, the candidate's and the other runs' curves; bad files or options are usage errors."""
     try:
         base = inputs.load_curve(args.baseline)
         cand = inputs.load_curve(args.candidate)
@@ -173,6 +174,49 @@ def run_converge(args: argparse.Namespace) -> int:
         raise UsageError("--min-steps must be at least 2")
     if not (args.k_sigma > 0 and math.isfinite(args.k_sigma)):
         raise UsageError("--k-sigma must be a positive number")
+    return base, cand, runs
+
+
+def _ok(passed: bool) -> str:
+    return "ok" if passed else "FAIL"
+
+
+def _print_reference(g: judge.GateConvergence) -> None:
+    result = g.reference
+    print(f"reference rule: {result.summary()}")
+    if result.checks is not None:
+        c = result.checks
+        corr = "undefined" if c.correlation.value is None else f"{c.correlation.value:.5f}"
+        print(f"  correlation   {corr} (min {c.correlation.threshold})  {_ok(c.correlation.passed)}")
+        print(f"  point-wise    {c.pointwise.failing_steps}/{c.pointwise.compared_steps} failing, "
+              f"max diff {c.pointwise.max_rel_diff:.4%}  {_ok(c.pointwise.passed)}")
+        print(f"  final loss    {c.final_loss.candidate:.6g} vs {c.final_loss.baseline:.6g} "
+              f"({c.final_loss.rel_diff:.4%}, max {c.final_loss.tolerance:.0%})  "
+              f"{_ok(c.final_loss.passed)}")
+        print(f"  outliers      {c.outliers.count} ({c.outliers.ratio:.0%}, max {c.outliers.max_ratio:.0%})  "
+              f"{_ok(c.outliers.passed)}")
+    for p in result.data_problems:
+        print(f"  data: {p}")
+    for e in g.excused:
+        print(f"  excused ({e.check}): {e.why}")
+
+
+def _print_noise_aware(na: noise.NoiseAwareResult) -> None:
+    print(na.summary())
+    if na.level is not None and na.trend is not None and na.pointwise is not None:
+        print(f"  level         {na.level.mean_rel_diff:+.4%} = {na.level.mean_z:+.2f} noise units "
+              f"(limit {na.level.limit_z:g})  {_ok(na.level.passed)}")
+        print(f"  trend         {na.trend.drift_rel:+.4%} over the window = {na.trend.drift_z:+.2f} noise units  "
+              f"{_ok(na.trend.passed)}")
+        print(f"  envelope      {na.pointwise.outside}/{na.pointwise.compared} steps outside "
+              f"(allowed {na.pointwise.allowed})  {_ok(na.pointwise.passed)}")
+    print(f"  envelope: {na.envelope.basis}")
+    for n in na.notes:
+        print(f"  note: {n}")
+
+
+def run_converge(args: argparse.Namespace) -> int:
+    base, cand, runs = _converge_inputs(args)
     precision = args.precision or _log_precision(args.baseline)
     ncfg = noise.config_for(precision, k_sigma=args.k_sigma, min_steps=args.min_steps)
     g = judge.judge(base, cand, replicates=runs, reference_config=convergence.ConvergenceConfig(min_steps=args.min_steps),
@@ -188,33 +232,8 @@ def run_converge(args: argparse.Namespace) -> int:
                    "baseline": str(args.baseline), "candidate": str(args.candidate)})
     else:
         print(g.summary)
-        print(f"reference rule: {result.summary()}")
-        if result.checks is not None:
-            c = result.checks
-            corr = "undefined" if c.correlation.value is None else f"{c.correlation.value:.5f}"
-            print(f"  correlation   {corr} (min {c.correlation.threshold})  {'ok' if c.correlation.passed else 'FAIL'}")
-            print(f"  point-wise    {c.pointwise.failing_steps}/{c.pointwise.compared_steps} failing, "
-                  f"max diff {c.pointwise.max_rel_diff:.4%}  {'ok' if c.pointwise.passed else 'FAIL'}")
-            print(f"  final loss    {c.final_loss.candidate:.6g} vs {c.final_loss.baseline:.6g} "
-                  f"({c.final_loss.rel_diff:.4%}, max {c.final_loss.tolerance:.0%})  "
-                  f"{'ok' if c.final_loss.passed else 'FAIL'}")
-            print(f"  outliers      {c.outliers.count} ({c.outliers.ratio:.0%}, max {c.outliers.max_ratio:.0%})  "
-                  f"{'ok' if c.outliers.passed else 'FAIL'}")
-        for p in result.data_problems:
-            print(f"  data: {p}")
-        for e in g.excused:
-            print(f"  excused ({e.check}): {e.why}")
-        print(na.summary())
-        if na.level is not None and na.trend is not None and na.pointwise is not None:
-            print(f"  level         {na.level.mean_rel_diff:+.4%} = {na.level.mean_z:+.2f} noise units "
-                  f"(limit {na.level.limit_z:g})  {'ok' if na.level.passed else 'FAIL'}")
-            print(f"  trend         {na.trend.drift_rel:+.4%} over the window = {na.trend.drift_z:+.2f} noise units  "
-                  f"{'ok' if na.trend.passed else 'FAIL'}")
-            print(f"  envelope      {na.pointwise.outside}/{na.pointwise.compared} steps outside "
-                  f"(allowed {na.pointwise.allowed})  {'ok' if na.pointwise.passed else 'FAIL'}")
-        print(f"  envelope: {na.envelope.basis}")
-        for n in na.notes:
-            print(f"  note: {n}")
+        _print_reference(g)
+        _print_noise_aware(na)
     return EXIT_OK if g.passed else EXIT_FAILED
 
 
