@@ -304,17 +304,9 @@ def _metrics(
         _CACHE.move_to_end(key)
         return cached
     try:
-        metrics = read_metrics(
-            path,
-            framework=spec.framework,
-            gpus=spec.cluster.gpus,
-            window=tuple(spec.workload.window),
-            seq_length=spec.workload.seq_length,
-            global_batch_size=spec.workload.global_batch,
-            max_spread=spread,
-            exit_status=exit_status,
-            seconds_since_progress=quiet,
-        )
+        # the campaign's scoring options (the control plane's, hang timeout included); the spread may be overridden
+        metrics = read_metrics(path, **{**spec.metrics_options(), "max_spread": spread}, exit_status=exit_status,
+                               seconds_since_progress=quiet)
     except MetricsInputError as exc:
         raise ToolError(f"run {run_id!r}: {exc}") from None
     except OSError as exc:

@@ -244,18 +244,8 @@ def score_run(
     if not log_path.exists():
         return Score(None, False, ["the job wrote no log"], "infrastructure", "no log file: the job never started")
     try:
-        m = read_metrics(
-            log_path,
-            framework=spec.framework,
-            gpus=spec.cluster.gpus,
-            window=tuple(spec.workload.window),
-            seq_length=spec.workload.seq_length,
-            global_batch_size=spec.workload.global_batch,
-            exit_status=exit_code,
-            seconds_since_progress=seconds_since_progress,
-            hang_after_s=spec.control.hang_timeout_s,
-            max_spread=spec.workload.max_step_time_spread,
-        )
+        m = read_metrics(log_path, **spec.metrics_options(), exit_status=exit_code,
+                         seconds_since_progress=seconds_since_progress)
     except (MetricsInputError, OSError) as exc:
         failure = "crash" if exit_code not in (None, 0) else "ok"
         return Score(None, False, [f"the log cannot be scored: {exc}"], failure, str(exc))

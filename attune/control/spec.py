@@ -397,6 +397,13 @@ class CampaignSpec(_Strict):
     )
     notes: str | None = Field(None, description="free text for people")
 
+    def metrics_options(self) -> dict[str, Any]:
+        """How this campaign's logs are scored: the metrics reader's options, one definition for the control
+        plane and the metrics server (`read_metrics(path, **spec.metrics_options(), ...)`)."""
+        return {"framework": self.framework, "gpus": self.cluster.gpus, "window": tuple(self.workload.window),
+                "seq_length": self.workload.seq_length, "global_batch_size": self.workload.global_batch,
+                "max_spread": self.workload.max_step_time_spread, "hang_after_s": self.control.hang_timeout_s}
+
 
 class SpecError(Exception):
     """A campaign file that cannot be used. `problems` lists (field path, message)."""
