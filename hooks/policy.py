@@ -194,10 +194,7 @@ class Policy:
         protected = [os.path.join(campaign, p) for p in PROTECTED_IN_CAMPAIGN]
         protected.append(root)
         protected.append(os.path.join(root, "gate", "lists"))
-        lists = _spec_lists_path(campaign)
-        if lists:
-            protected.append(os.path.realpath(os.path.join(campaign, lists)))
-            protected.append(os.path.realpath(os.path.join(root, lists)))
+        protected.append(_spec_list_file(campaign, root))
         for env in ("CLAUDE_PLUGIN_DATA", "CLAUDE_CONFIG_DIR"):
             if os.environ.get(env):
                 protected.append(os.path.realpath(os.environ[env]))
@@ -677,23 +674,19 @@ def _jq_problem(program: str) -> str | None:
     return None
 
 
-def _spec_lists_path(campaign: str) -> str | None:
-    """`gate.lists` of campaign.yaml, read with a line scan (no YAML library in hooks)."""
+def _spec_list_file(campaign: str, plugin_root: str) -> str:
+    """The correctness list file campaign.yaml's gate uses, by the control plane's rule
+    (attune.core.gatelists), read with the core's strict YAML subset. A campaign.yaml it cannot read
+    (the control plane refuses such a file too) raises runtime.PolicyFileError: the hook then denies,
+    rather than leave the list it might name writable."""
+    from attune.core import gatelists, yamlsubset
+
+    path = os.path.join(campaign, runtime.CAMPAIGN_FILE)
     try:
-        with open(os.path.join(campaign, runtime.CAMPAIGN_FILE), encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
+        data = yamlsubset.load_file(path)
+        lists, model = gatelists.spec_fields(data)
     except OSError:
-        return None
-    in_gate = False
-    for line in lines:
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        if not line.startswith((" ", "\t")):
-            in_gate = line.split("#", 1)[0].strip() == "gate:"
-            continue
-        if in_gate:
-            key, sep, val = line.strip().partition(":")
-            if sep and key == "lists":
-                val = val.split(" #", 1)[0].strip().strip("'\"")
-                return val or None
-    return None
+        return os.path.join(plugin_root, "gate", "lists")  # no campaign.yaml: the built-in lists only
+    except ValueError as exc:
+        raise runtime.PolicyFileError(f"{path}: {exc}") from None
+    return gatelists.list_file(lists, model, campaign, plugin_root)

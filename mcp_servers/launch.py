@@ -360,26 +360,20 @@ def find_campaign() -> Path | None:
     return None
 
 
-def _spec_scalars(spec: Path) -> dict[str, str]:
-    """Top-level `model` and `gate.lists` / `gate.list_sha256` of campaign.yaml, by a line scan (no YAML here)."""
-    out: dict[str, str] = {}
-    section = ""
+def _spec_fields(spec: Path) -> tuple[str | None, str, str | None]:
+    """(`gate.lists`, `model`, `gate.list_sha256`) of campaign.yaml, read with the core's strict YAML subset
+    (the reader the hooks use; the control plane refuses a campaign.yaml it cannot read). Unreadable:
+    nothing, and the gate server reports the missing list on its first call."""
+    from attune.core import gatelists, yamlsubset
+
     try:
-        lines = spec.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        key, sep, val = line.strip().partition(":")
-        val = val.split(" #", 1)[0].strip().strip("'\"")
-        if not line[0].isspace():
-            section = key
-            if key == "model" and sep and val:
-                out["model"] = val
-        elif section == "gate" and key in ("lists", "list_sha256") and val:
-            out[f"gate.{key}"] = val
-    return out
+        data = yamlsubset.load_file(str(spec))
+        lists, model = gatelists.spec_fields(data)
+    except (OSError, ValueError):
+        return None, "", None
+    gate = data.get("gate") if isinstance(data.get("gate"), dict) else {}
+    sha = gate.get("list_sha256")
+    return lists, model, sha if isinstance(sha, str) and sha else None
 
 
 def _pinned_list_sha(campaign: Path) -> str | None:
@@ -402,15 +396,14 @@ def campaign_env(module: str) -> dict[str, str]:
         return env
     env["ATTUNE_CAMPAIGN_DIR"] = str(campaign)
     if module == SERVERS["gate"]:
-        spec = _spec_scalars(campaign / "campaign.yaml")
-        lists = spec.get("gate.lists")
-        model = spec.get("model")
-        if lists:
-            cands = [campaign / lists, plugin_root() / lists]
-            model = str(next((c.resolve() for c in cands if c.is_file()), cands[0]))
-        sha = _pinned_list_sha(campaign) or spec.get("gate.list_sha256")
-        if model and not os.environ.get("ATTUNE_GATE_MODEL"):
-            env["ATTUNE_GATE_MODEL"] = model
+        from attune.core import gatelists
+
+        lists, model, spec_sha = _spec_fields(campaign / "campaign.yaml")
+        sha = _pinned_list_sha(campaign) or spec_sha
+        if (lists or model) and not os.environ.get("ATTUNE_GATE_MODEL"):
+            # the control plane's rule: a bare name is a built-in list (the gate server knows it by name),
+            # else a list file, relative to the campaign directory
+            env["ATTUNE_GATE_MODEL"] = gatelists.source(lists, model, str(campaign))[1]
         if sha and not os.environ.get("ATTUNE_GATE_LIST_SHA256"):
             env["ATTUNE_GATE_LIST_SHA256"] = sha
     return env

@@ -42,6 +42,7 @@ import attune
 from attune.control.campaign import campaign_lock
 from attune.control.rungen import Changes, GeneratedRecipe, RunGenerator, RunGenError, parse_changes
 from attune.control.spec import CampaignSpec, load_spec, spec_sha256
+from attune.core import gatelists
 from attune.core import ledger as ledger_mod
 from attune.core.campaign_paths import CAMPAIGN_FILE, RUN_JOB, RUN_LOG, RUNS_DIR
 from attune.core.job import JobSpec
@@ -188,13 +189,8 @@ def gate_list_source(spec: CampaignSpec, campaign_dir: Path | str) -> str | Path
     """What `gate.lists` names: a built-in list name (`llama31-405b`, a file in gate/lists/) when it is a
     bare name, else a list file (relative to the campaign directory); unset: the model's built-in list.
     The broker and `attune validate` both resolve it here."""
-    lists = spec.gate.lists
-    if not lists:
-        return spec.model
-    p = Path(lists)
-    if p.suffix not in (".yaml", ".yml") and len(p.parts) == 1:
-        return lists
-    return p if p.is_absolute() else (Path(campaign_dir) / p)
+    kind, where = gatelists.source(spec.gate.lists, spec.model, str(campaign_dir))  # the rule the hooks share
+    return where if kind == "builtin" else Path(where)
 
 
 def load_gate_list(spec: CampaignSpec, campaign_dir: Path, list_sha256: str | None) -> Any:

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from attune.core import yamlsubset
 from attune.core.campaign_paths import CAMPAIGN_FILE
 from attune.readers.bounded import BoundedSafeLoader, InputError, check_strings, read_bytes, read_text
 
@@ -503,7 +504,20 @@ def load_spec(path: Path | str) -> CampaignSpec:
         raise SpecError(p, [("(yaml)", "invalid YAML: nested too deeply")]) from None
     except InputError as exc:
         raise SpecError(p, [("(yaml)", str(exc))]) from None
+    _same_in_the_subset(p, text, data)
     return parse_spec(data, str(p))
+
+
+def _same_in_the_subset(path: Path, text: str, data: Any) -> None:
+    """The hooks and the plugin's launcher read campaign.yaml with the core's strict YAML subset (they
+    have no YAML library): a spec they would read otherwise, or not at all, is refused here, so the list
+    file the gate uses is the one the hook write-protects."""
+    try:
+        same = yamlsubset.loads(text) == data
+    except yamlsubset.YamlSubsetError as exc:
+        raise SpecError(path, [("(yaml)", f"outside the YAML subset attune's hooks read: {exc}")]) from None
+    if not same:
+        raise SpecError(path, [("(yaml)", "attune's hooks would read this YAML differently; write it plainly")])
 
 
 def spec_sha256(path: Path | str) -> str:
