@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from attune.control.plane import LaunchRequest
 from attune.control.search_rules import STOP_RULE_CODES
 from attune.core.state import STOP_BLOCKER_CODES
+from attune.core.vocab import refusal_codes_text
 
 __all__ = [
     "Budget", "Calibration", "CampaignStatus", "CampaignSummary", "CancelAnswer", "CancelRequest", "Changes",
@@ -411,10 +412,7 @@ class CampaignSummary(_Answer):
 # ----------------------------------------------------------------------------------- the MCP tools' views
 
 
-REFUSAL_CODES = (
-    "gate, identical, budget, concurrency, not_calibrated, calibration_full, pinned, stack_fix, profile_flag, "
-    "env_not_allowlisted, code_locations, no_change, bad_request, bad_change, stopped, shape, budget_unset, "
-    "no_estimate, environment (the jobs' Python lacks the workload's modules: see workload_environment)")
+REFUSAL_CODES = refusal_codes_text()  # every code, from attune.core.vocab.RefusalCode
 
 
 class LaunchResult(BaseModel):

@@ -65,3 +65,45 @@ def test_one_job_type_runs_where_its_log_is() -> None:
     job = JobSpec(job_id="r001-x", campaign="c", argv=("python", "t.py"), env={}, workdir=Path("/w"),
                   run_dir=campaign_paths.run_dir("/c", "r001-x"), gpus=9, gpus_per_node=8)
     assert job.log_path == campaign_paths.run_log("/c", "r001-x") and job.nodes == 2 and job.args == {}
+
+
+def _codes_written_by_the_control_plane() -> set[str]:
+    """Every literal first argument of Refusal(...) and RunGenError(...) in the control plane, plus the
+    codes WorkloadEnvError and search rule 2 pass on."""
+    out: set[str] = set()
+    for path in (ROOT / "attune" / "control").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("Refusal", "RunGenError") and node.args
+                    and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+                out.add(node.args[0].value)
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "__init__"
+                    and node.args and isinstance(node.args[0], ast.Constant)):
+                out.add(node.args[0].value)
+    return out
+
+
+def test_every_refusal_code_the_control_plane_writes_is_in_the_enum() -> None:
+    from attune.control.search_rules import STOP_RULE_CODES
+
+    written = _codes_written_by_the_control_plane() - set(STOP_RULE_CODES)  # stop refusals are another list
+    assert {"environment", "not_started", "rule2_one_lever", "path_outside_run", "spec_changed"} <= written
+    assert written <= {c.value for c in vocab.RefusalCode}, written - {c.value for c in vocab.RefusalCode}
+
+
+def test_the_agent_facing_lists_name_every_refusal_code() -> None:
+    from broker import wire
+
+    desc = wire.LaunchResult.model_fields["code"].description or ""
+    schemas = (ROOT / "mcp_servers" / "tool_schemas.json").read_text()
+    for code in vocab.RefusalCode:
+        assert f"{code.value}" in desc.replace("(", ",").replace(",", " ").split(), code
+        assert code.value in schemas, f"tool_schemas.json lacks {code}: python mcp_servers/launch.py --write-schemas"
+
+
+def test_run_status_and_ship_actions_are_their_strings() -> None:
+    from attune.control import shipping
+
+    assert [s.value for s in vocab.RunStatus] == ["admitted", "running", "finished"]
+    assert vocab.ShipAction.SHIP == "ship" and json.dumps({"k": vocab.ShipAction.NOT_DUE}) == '{"k": "not_due"}'
+    assert shipping.Action(vocab.ShipAction.WAIT).kind == "wait"

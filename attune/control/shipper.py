@@ -24,7 +24,7 @@ from attune.control.plane import Admission, Control, load_gate_list
 from attune.control.rungen import Changes, render_value, substitute
 from attune.core.campaign_paths import RUN_JOB, RUN_LOG, SHIPPED_DIR, SHIPPED_EVIDENCE
 from attune.core.state import CampaignState, RunState
-from attune.core.vocab import RunOutcome
+from attune.core.vocab import RunOutcome, ShipAction
 
 MAX_STEPS = 16  # verdicts and re-measurements recorded in one advance (one is due per finished run)
 
@@ -35,7 +35,7 @@ def advance(control: Control, backend: Any = None) -> Admission | None:
     finish the evidence. Returns None when no run is to be submitted."""
     for _ in range(MAX_STEPS):
         action = shipping.plan(control.state())
-        if action.kind not in ("judge", "record"):
+        if action.kind not in (ShipAction.JUDGE, ShipAction.RECORD):
             break
         assert action.of is not None
         record(control, action)  # False: another writer recorded it first; plan again either way
@@ -45,12 +45,12 @@ def advance(control: Control, backend: Any = None) -> Admission | None:
         assert action.of is not None
         decision = control.admit_final(action.kind, action.of)
         return decision if decision.admitted else None
-    if action.kind == "ship":
+    if action.kind == ShipAction.SHIP:
         assert action.of is not None
         ship(control, action.of, action.reason, backend)
-    elif action.kind == "fail":
+    elif action.kind == ShipAction.FAIL:
         fail(control, action.reason, backend)
-    elif action.kind == "done":
+    elif action.kind == ShipAction.DONE:
         path = control.dir / SHIPPED_DIR / SHIPPED_EVIDENCE
         try:
             complete = bool(json.loads(path.read_text()).get("remeasurement", {}).get("complete"))
@@ -66,7 +66,7 @@ def record(control: Control, action: shipping.Action) -> bool:
     `remeasurement` row of a finished re-measurement run (`record`). False if it was already there."""
     with campaign_lock(control.dir):
         state = control.state()
-        if action.kind == "judge":
+        if action.kind == ShipAction.JUDGE:
             run = shipping.unjudged_check(state)
             if run is None or run.run_id != action.of:
                 return False

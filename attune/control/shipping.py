@@ -55,7 +55,7 @@ from attune.control.rungen import Changes
 from attune.core.campaign_paths import SHIPPED_DIR  # noqa: F401 - shipping.SHIPPED_DIR, as callers read it
 from attune.core.measure import beats, gain
 from attune.core.state import CampaignState, RunState
-from attune.core.vocab import RunKind, RunOutcome
+from attune.core.vocab import RunKind, RunOutcome, ShipAction
 
 MAX_CANDIDATES = 3
 REPEATS = 2
@@ -68,7 +68,7 @@ class Action:
     """The next step: wait, launch a check or re-measurement run of a recipe, judge a finished check
     run or record a finished re-measurement run, ship a recipe, or done."""
 
-    kind: str  # wait | not_due | check | remeasure | judge | record | ship | done | fail (record it) | failed
+    kind: ShipAction
     of: str | None = None  # "baseline" or a run id (judge, record: the finished check or re-measurement run)
     reason: str = ""
 
@@ -246,21 +246,21 @@ def _plan_ship(state: CampaignState) -> Action:
     check run, fastest first; the first that passes ships, else the baseline."""
     cands = candidates(state)
     if not cands:
-        return Action("ship", "baseline", "no search run beat the baseline by more than the band")
+        return Action(ShipAction.SHIP, "baseline", "no search run beat the baseline by more than the band")
     refused = [x for x in state.refusals if x.get("kind") == "check" and x.get("code") == "budget"]
     if refused:
-        return Action("ship", "baseline", "the reserve could not pay for the next correctness check: "
+        return Action(ShipAction.SHIP, "baseline", "the reserve could not pay for the next correctness check: "
                       + str(refused[-1].get("reason")))
     ref = reference_run(state)
     unlaunchable = {x.get("of") for x in state.refusals if x.get("kind") == "check"}
     if ref is None:
         if "baseline" in unlaunchable or len(_runs_of(state, RunKind.CHECK, "baseline")) >= MAX_REFERENCE_ATTEMPTS:
-            return Action("ship", "baseline", "the baseline's own check run could not be run: no reference curve")
-        return Action("check", "baseline", "the baseline's reference curve for the convergence check")
+            return Action(ShipAction.SHIP, "baseline", "the baseline's own check run could not be run: no reference curve")
+        return Action(ShipAction.CHECK, "baseline", "the baseline's reference curve for the convergence check")
     done_reps = len(replicate_runs(state))
     failed = len(_runs_of(state, RunKind.CHECK, "baseline")) - 1 - done_reps
     if done_reps < state.replicate_check_runs and failed < MAX_REFERENCE_ATTEMPTS:
-        return Action("check", "baseline", f"replicate check run {done_reps + 1} of {state.replicate_check_runs} of "
+        return Action(ShipAction.CHECK, "baseline", f"replicate check run {done_reps + 1} of {state.replicate_check_runs} of "
                       "the baseline: the noise envelope of the convergence check")
     for c in cands:
         if c.run_id in unlaunchable:  # its check run could not even be admitted (a shape problem, say)
@@ -268,37 +268,37 @@ def _plan_ship(state: CampaignState) -> Action:
         verdict = check_verdict(state, c.run_id)
         if verdict is not None:
             if verdict.get("passed"):
-                return Action("ship", c.run_id, "the fastest candidate that passed the correctness gate")
+                return Action(ShipAction.SHIP, c.run_id, "the fastest candidate that passed the correctness gate")
             continue
-        return Action("check", c.run_id, f"correctness check of {c.run_id}")
-    return Action("ship", "baseline", f"none of the {len(cands)} candidate(s) passed the correctness gate")
+        return Action(ShipAction.CHECK, c.run_id, f"correctness check of {c.run_id}")
+    return Action(ShipAction.SHIP, "baseline", f"none of the {len(cands)} candidate(s) passed the correctness gate")
 
 
 def plan(state: CampaignState) -> Action:
     """The next shipping step, from the campaign's state alone."""
     if state.failed is not None:
-        return Action("failed", reason=str(state.failed.get("reason")))
+        return Action(ShipAction.FAILED, reason=str(state.failed.get("reason")))
     if not is_due(state):
-        return Action("not_due", reason="the campaign has not stopped")
+        return Action(ShipAction.NOT_DUE, reason="the campaign has not stopped")
     pending = unjudged_check(state)
     if pending is not None:
-        return Action("judge", pending.run_id, f"the gate's verdict on check run {pending.run_id}")
+        return Action(ShipAction.JUDGE, pending.run_id, f"the gate's verdict on check run {pending.run_id}")
     pending = unrecorded_remeasurement(state)
     if pending is not None:
-        return Action("record", pending.run_id, f"the re-measurement of {pending.base_run_id} by {pending.run_id}")
+        return Action(ShipAction.RECORD, pending.run_id, f"the re-measurement of {pending.base_run_id} by {pending.run_id}")
     if state.in_flight:
-        return Action("wait", reason="runs in flight: " + ", ".join(r.run_id for r in state.in_flight))
+        return Action(ShipAction.WAIT, reason="runs in flight: " + ", ".join(r.run_id for r in state.in_flight))
     if state.calibration is None:
-        return Action("fail", reason=_calibration_problem(state))
+        return Action(ShipAction.FAIL, reason=_calibration_problem(state))
     if state.shipped is None:
         return _plan_ship(state)
     nxt = next_remeasure(state)
     if nxt is not None:
-        return Action("remeasure", nxt, "final re-measurement")
+        return Action(ShipAction.REMEASURE, nxt, "final re-measurement")
     problems = remeasure_problems(state)
     if problems:
-        return Action("fail", (state.shipped or {}).get("run_id"), "; ".join(problems))
-    return Action("done", (state.shipped or {}).get("run_id"), "shipped and re-measured")
+        return Action(ShipAction.FAIL, (state.shipped or {}).get("run_id"), "; ".join(problems))
+    return Action(ShipAction.DONE, (state.shipped or {}).get("run_id"), "shipped and re-measured")
 
 
 def status(state: CampaignState) -> dict[str, Any]:
@@ -306,15 +306,15 @@ def status(state: CampaignState) -> dict[str, Any]:
     a = plan(state)
     phase = {"not_due": "searching", "wait": "waiting", "check": "checking", "ship": "checking", "judge": "checking",
              "remeasure": "remeasuring", "record": "remeasuring", "done": "done", "fail": "failed", "failed": "failed"}[a.kind]
-    if a.kind == "wait" and state.shipped is not None:
+    if a.kind == ShipAction.WAIT and state.shipped is not None:
         phase = "remeasuring"
-    elif a.kind == "wait" and not any(r.kind == RunKind.SEARCH for r in state.in_flight):
+    elif a.kind == ShipAction.WAIT and not any(r.kind == RunKind.SEARCH for r in state.in_flight):
         phase = "checking" if state.shipped is None else "remeasuring"
-    elif a.kind == "wait":
+    elif a.kind == ShipAction.WAIT:
         phase = "searching"
     return {
-        "phase": phase, "done": a.kind == "done", "failed": a.kind in ("fail", "failed"),
-        "failure": a.reason if a.kind in ("fail", "failed") else None, "next": a.kind, "of": a.of, "reason": a.reason,
+        "phase": phase, "done": a.kind == ShipAction.DONE, "failed": a.kind in (ShipAction.FAIL, ShipAction.FAILED),
+        "failure": a.reason if a.kind in (ShipAction.FAIL, ShipAction.FAILED) else None, "next": a.kind, "of": a.of, "reason": a.reason,
         "candidates": [c.run_id for c in candidates(state)] if is_due(state) else [],
         "checks": [{"candidate_run_id": c.get("candidate_run_id"), "passed": c.get("passed")} for c in state.checks],
         "shipped": (state.shipped or {}).get("run_id"),
@@ -324,12 +324,12 @@ def status(state: CampaignState) -> dict[str, Any]:
 
 def done(state: CampaignState) -> bool:
     """Shipped and re-measured with valid measurements: the campaign succeeded."""
-    return plan(state).kind == "done"
+    return plan(state).kind == ShipAction.DONE
 
 
 def ended(state: CampaignState) -> bool:
     """Nothing more runs: done, or failed (the failure is recorded, or about to be)."""
-    return plan(state).kind in ("done", "fail", "failed")
+    return plan(state).kind in (ShipAction.DONE, ShipAction.FAIL, ShipAction.FAILED)
 
 
 # ------------------------------------------------------------------------------------- rows

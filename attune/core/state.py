@@ -44,7 +44,7 @@ from typing import Any
 
 from attune.core import ledger as ledger_mod
 from attune.core.measure import Calibration, beats, calibrate, gain
-from attune.core.vocab import RECIPE_FAILURES, RunKind, Verdict
+from attune.core.vocab import RECIPE_FAILURES, RunKind, RunStatus, Verdict
 
 CHECK_KINDS = frozenset({"check"})
 # `CampaignState.stop_blockers()`'s own codes; a refused stop adds the search rules' codes
@@ -56,7 +56,7 @@ STOP_BLOCKER_CODES = ("not_started", "no_stop", "in_flight", "not_shipped")
 class RunState:
     run_id: str
     kind: str  # search | calibration | check | remeasure
-    status: str = "admitted"  # admitted | running | finished
+    status: str = RunStatus.ADMITTED
     changes: dict[str, Any] = field(default_factory=dict)
     hypothesis: str | None = None
     lever: str | None = None
@@ -198,7 +198,7 @@ class CampaignState:
 
     @property
     def in_flight(self) -> list[RunState]:
-        return [r for r in self.runs.values() if r.status != "finished"]
+        return [r for r in self.runs.values() if r.status != RunStatus.FINISHED]
 
     def leader_gain(self) -> float | None:
         if self.leader_tokens_per_s_per_gpu is None or self.baseline_mean is None:
@@ -318,8 +318,8 @@ class CampaignState:
 
     def _on_run_started(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
         run = self._run(d["run_id"], row)
-        if run.status == "admitted":
-            run.status = "running"
+        if run.status == RunStatus.ADMITTED:
+            run.status = RunStatus.RUNNING
         if d.get("started_at") is not None:
             run.started_at = float(d["started_at"])
         if d.get("nodes"):
@@ -327,9 +327,9 @@ class CampaignState:
 
     def _on_run_finished(self, d: dict[str, Any], row: ledger_mod.Row) -> None:
         run = self._run(d["run_id"], row)
-        if run.status == "finished":
+        if run.status == RunStatus.FINISHED:
             raise ledger_mod.LedgerError(f"row {row.seq}: run {run.run_id!r} finished twice")
-        run.status = "finished"
+        run.status = RunStatus.FINISHED
         run.outcome = d["outcome"]
         run.finished_seq = row.seq
         charge = float(d["charge_gpu_hours"])

@@ -71,3 +71,70 @@ class Verdict(StrEnum):
     # Derived by readers for runs the ledger has no verdict for (yet).
     IN_FLIGHT = "in_flight"
     UNMEASURED = "unmeasured"
+
+
+class RunStatus(StrEnum):
+    """Where a run is in its life (the fold's `RunState.status`)."""
+
+    ADMITTED = "admitted"  # admitted and written; the backend has not reported it started
+    RUNNING = "running"
+    FINISHED = "finished"  # its run_finished row is written: outcome, charge, verdict
+
+
+class RefusalCode(StrEnum):
+    """Why admission refused a launch (the ledger's `launch_refused.code`, the wire's `code`).
+
+    The agent-facing lists (broker/wire.py's field description, hence the MCP tools' schemas) are
+    written from this enum (`refusal_codes_text`); tests/test_vocab.py fails on a code the control plane
+    writes that is not here."""
+
+    NOT_STARTED = "not_started"  # the campaign has not started
+    FAILED = "failed"  # the campaign has ended failed
+    CONCURRENCY = "concurrency"
+    BAD_REQUEST = "bad_request"
+    BAD_CHANGE = "bad_change"
+    CALIBRATION_FULL = "calibration_full"
+    STOPPED = "stopped"
+    NOT_CALIBRATED = "not_calibrated"
+    NO_CHANGE = "no_change"
+    RULE2_ONE_LEVER = "rule2_one_lever"  # search rule 2: one lever per candidate
+    GATE = "gate"
+    CODE_LOCATIONS = "code_locations"
+    IDENTICAL = "identical"
+    BUDGET_UNSET = "budget_unset"
+    NO_ESTIMATE = "no_estimate"
+    BUDGET = "budget"
+    SHAPE = "shape"
+    PINNED = "pinned"
+    STACK_FIX = "stack_fix"
+    PROFILE_FLAG = "profile_flag"
+    ENV_NOT_ALLOWLISTED = "env_not_allowlisted"
+    PATH_OUTSIDE_RUN = "path_outside_run"
+    SPEC_CHANGED = "spec_changed"
+    ENVIRONMENT = "environment"  # the jobs' Python lacks the workload's modules
+
+
+REFUSAL_NOTES: dict[RefusalCode, str] = {
+    RefusalCode.ENVIRONMENT: "the jobs' Python lacks the workload's modules: see workload_environment",
+    RefusalCode.RULE2_ONE_LEVER: "search rule 2: one lever per candidate",
+}
+
+
+def refusal_codes_text() -> str:
+    """Every refusal code, for the agent (a field description): generated, so none is left out."""
+    return ", ".join(f"{c.value} ({REFUSAL_NOTES[c]})" if c in REFUSAL_NOTES else c.value for c in RefusalCode)
+
+
+class ShipAction(StrEnum):
+    """What shipping does next (attune.control.shipping.plan's `Action.kind`)."""
+
+    WAIT = "wait"  # runs in flight
+    NOT_DUE = "not_due"  # the campaign has not stopped
+    CHECK = "check"  # launch a correctness check run
+    REMEASURE = "remeasure"  # launch the final re-measurement
+    JUDGE = "judge"  # the gate's verdict on a finished check run
+    RECORD = "record"  # record a finished re-measurement
+    SHIP = "ship"  # ship a recipe (a candidate, or the baseline)
+    DONE = "done"  # shipped and re-measured
+    FAIL = "fail"  # end the campaign failed (record it)
+    FAILED = "failed"  # the campaign has ended failed
