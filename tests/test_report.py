@@ -155,3 +155,21 @@ def test_html_renders_in_real_headless_chromium(campaign_dir: Path, tmp_path: Pa
     grey_borders = sum(1 for row in rows for x in range(0, len(row), bpp) if row[x] == row[x + 1] == row[x + 2] == 0xCC)
     assert blue > 200, f"the plot's curve did not render ({blue} curve-coloured pixels)"
     assert grey_borders > 500, "the tables' borders did not render"
+
+
+HOSTILE = '<script>alert(1)</script>"\' onmouseover="x" <a href="javascript:alert(2)">j</a>'
+
+
+def test_hostile_ledger_text_is_escaped_in_the_page(campaign_dir: Path) -> None:
+    """Agent-written fields (lever, hypothesis, changes, diagnosis, shipped and check ids) reach the page
+    through Jinja2's autoescaping: no tag, attribute or javascript: link survives as markup."""
+    _campaign(campaign_dir)
+    led = Ledger(campaign_dir)
+    led.append("launch_admitted", {"run_id": "s9", "kind": "search", "expected_gpu_hours": 0.02, "lever": HOSTILE,
+                                   "changes": {"env": {"NCCL_ALGO": HOSTILE}}, "hypothesis": HOSTILE})
+    led.append("run_finished", {"run_id": "s9", "outcome": "crash", "charge_gpu_hours": 0.02})
+    led.append("check_run", {"run_id": "chk-x", "candidate_run_id": HOSTILE, "passed": False, "layer1": HOSTILE})
+    page = report.to_html(report.build(campaign_dir))
+    assert "<script>" not in page and "<a href" not in page and 'onmouseover="x"' not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and ("&#34;" in page or "&quot;" in page)
+    assert page.count("<tr>") >= 5 and "attune campaign report" in page  # the page itself still renders

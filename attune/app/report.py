@@ -359,42 +359,26 @@ def svg_plot(r: Report, width: int = 720, height: int = 320) -> str:
 
 
 def to_html(r: Report) -> str:
-    e = html.escape
-    head = "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in headline_lines(r))
-    run_rows = "".join(
-        "<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in (
-            run["run_id"], run["kind"], run["lever"] or "", _changes(run["changes"]), run["hypothesis"] or "",
-            run["outcome"] or "", _f(run["tokens_per_s_per_gpu"]), _pct(run["gain"]),
-            f"{run['charge_gpu_hours']:.3g}", run["verdict"] or "", _diagnosis(run))) + "</tr>"
-        for run in r.runs
-    )
-    shipped = (f"<p>Shipped <b>{e(str(r.shipped.get('run_id')))}</b>; changes from the baseline: "
-               f"<code>{e(_changes(r.shipped.get('changes')) or 'none')}</code></p>") if r.shipped else "<p>Nothing shipped yet.</p>"
-    checks = "".join(
-        f"<li>{e(str(c.get('candidate_run_id')))}: {'passed' if c.get('passed') else 'rejected'} "
-        f"<code>{e(json.dumps({k: v for k, v in c.items() if k != 'seq'}, default=str))}</code></li>" for c in r.checks
-    )
-    stop = (f"<h2>Stop</h2><p>{e(str(r.stop.get('diagnosis')))}</p><p>Levers tested: "
-            f"{e(', '.join(map(str, r.stop.get('levers_tested') or [])))}</p>") if r.stop else ""
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>attune report: {e(str(r.headline.name))}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1100px; }}
-table {{ border-collapse: collapse; margin: 1em 0; }}
-th, td {{ border: 1px solid #ccc; padding: 4px 8px; text-align: left; font-size: 13px; vertical-align: top; }}
-th {{ background: #f4f4f4; }}
-code {{ font-size: 12px; }}
-</style></head><body>
-<h1>attune campaign report: {e(str(r.headline.name))}</h1>
-<table id="headline">{head}</table>
-<h2>Best-so-far gain against charged GPU-hours</h2>
-{svg_plot(r)}
-<h2>Runs</h2>
-<table id="runs"><thead><tr><th>run</th><th>kind</th><th>lever</th><th>change</th><th>hypothesis</th><th>outcome</th>
-<th>tok/s/GPU</th><th>gain</th><th>GPU-h</th><th>verdict</th><th>diagnosis</th></tr></thead><tbody>{run_rows}</tbody></table>
-<h2>Shipped recipe</h2>{shipped}<ul id="checks">{checks}</ul>{stop}
-</body></html>
-"""
+    """The report page, through Jinja2 with autoescaping (templates/report.html.j2): every ledger and
+    entry field is escaped; only the SVG plot (built from numbers, its one label escaped) is marked safe."""
+    import jinja2
+    from markupsafe import Markup
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("attune.app", "templates"),
+                             autoescape=True, undefined=jinja2.StrictUndefined)
+    runs = [[str(c) for c in (
+        run["run_id"], run["kind"], run["lever"] or "", _changes(run["changes"]), run["hypothesis"] or "",
+        run["outcome"] or "", _f(run["tokens_per_s_per_gpu"]), _pct(run["gain"]),
+        f"{run['charge_gpu_hours']:.3g}", run["verdict"] or "", _diagnosis(run))] for run in r.runs]
+    shipped = ({"run_id": str(r.shipped.get("run_id")), "changes": _changes(r.shipped.get("changes")) or "none"}
+               if r.shipped else None)
+    checks = [{"run_id": str(c.get("candidate_run_id")), "passed": bool(c.get("passed")),
+               "detail": json.dumps({k: v for k, v in c.items() if k != "seq"}, default=str)} for c in r.checks]
+    stop = ({"diagnosis": str(r.stop.get("diagnosis")),
+             "levers": ", ".join(map(str, r.stop.get("levers_tested") or []))} if r.stop else None)
+    return env.get_template("report.html.j2").render(
+        name=str(r.headline.name), headline=list(headline_lines(r)), plot=Markup(svg_plot(r)),  # noqa: S704
+        runs=runs, shipped=shipped, checks=checks, stop=stop)
 
 
 def write(campaign_dir: Path | str) -> tuple[Path, Path, Report]:
