@@ -21,6 +21,7 @@ from typing import Any
 from attune.control.campaign import record_assumption, record_stop
 from attune.control.plane import Admission, Control, JobFacts, LaunchRequest
 from attune.core.campaign_paths import LEDGER_FILE, RUN_KILL_FILE, RUN_LOG
+from attune.core.errors import BrokerError
 from attune.core.measure import PRUNER, partial_throughput
 from attune.core.state import CampaignState, RunState
 from attune.core.vocab import STOPPED_OUTCOMES, RunOutcome
@@ -34,7 +35,7 @@ KILL_FILE = RUN_KILL_FILE
 UNSUBMITTED_GRACE_S = 30.0  # an admitted run with no submission row after this long was lost
 
 
-class NotFound(Exception):
+class NotFound(BrokerError):
     """No such run (or file) in this campaign."""
 
 

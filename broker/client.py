@@ -25,13 +25,14 @@ from typing import Any
 import httpx
 
 from attune.core.campaign_paths import BROKER_LOG, BROKER_START_LOCK, CAMPAIGN_FILE
+from attune.core.errors import BrokerError
 from broker.service import BROKER_DIR, ENDPOINT_FILE, load_or_create_token
 
 DEFAULT_IDLE_EXIT_S = 1800.0
 START_TIMEOUT_S = 60.0
 
 
-class BrokerUnavailable(Exception):
+class BrokerUnavailable(BrokerError):
     """No broker could be reached or started."""
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import re2
 
 from attune.core.containment import inside
+from attune.core.errors import BrokerError
 
 MAX_LINES = 500  # lines per page
 MAX_BYTES = 64 * 1024  # bytes per page
@@ -29,7 +30,7 @@ MAX_LIST_ENTRIES = 500
 SKIP_DIRS = frozenset({".git", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache", "node_modules"})
 
 
-class FileAccessError(Exception):
+class FileAccessError(BrokerError):
     """A request outside what may be read. `code`: not_found | out_of_scope | bad_request | too_large."""
 
     def __init__(self, code: str, message: str) -> None:

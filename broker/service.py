@@ -70,6 +70,7 @@ from attune.core.campaign_paths import (
     CAMPAIGN_FILE,
     LEDGER_FILE,
 )
+from attune.core.errors import BrokerError
 from attune.core.ledger import LedgerError
 from attune.readers.bounded import InputError, loads_json
 from broker import wire
@@ -87,10 +88,6 @@ MAX_BODY_BYTES = 256 * 1024
 IDLE_AFTER_S = 5.0  # no request for this long, nothing in flight, ledgers unchanged: the monitor idles
 IDLE_POLL_S = 1.0  # the idle monitor's wake-up interval (a stat of each ledger; no pass)
 MAX_JSON_DEPTH = 16  # no route takes anything deeper
-
-
-class BrokerError(Exception):
-    """The broker cannot start as configured."""
 
 
 # ------------------------------------------------------------------------------------ tokens
@@ -350,7 +347,7 @@ class Broker:
 # ------------------------------------------------------------------------------------ handlers
 
 
-class _BadQuery(Exception):
+class _BadQuery(BrokerError):
     pass
 
 
@@ -359,7 +356,7 @@ B = TypeVar("B", bound=BaseModel)
 A = TypeVar("A", bound=BaseModel)
 
 
-class _WireError(RuntimeError):
+class _WireError(BrokerError, RuntimeError):
     """An answer that does not fit its wire model: the broker's own bug (500), never the request's."""
 
 
@@ -556,13 +553,13 @@ def _assumption(c: Call) -> Reply:
 
 
 def _stop(c: Call) -> Reply:
-    from attune.control.campaign import StopRefused
+    from attune.control.campaign import StopRefusedError
 
     req = c.parse_body(wire.StopRequest)
     try:
         return Reply(201, answer(wire.Recorded, c.campaign.stop(req.levers_tested, req.diagnosis, req.leader)),
                      "stop recorded")
-    except StopRefused as exc:  # the search rules: codes and missing items, not only prose
+    except StopRefusedError as exc:  # the search rules: codes and missing items, not only prose
         refused = answer(wire.StopRefused, {"error": "stop_refused", "reason": str(exc),
                                             "refusals": [r.as_dict() for r in exc.refusals]})
         return Reply(409, refused, "stop refused: " + ", ".join(r.code for r in exc.refusals))

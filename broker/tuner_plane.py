@@ -10,19 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from attune.control.campaign import StopRefusedError
+from attune.control.search_rules import RuleRefusal
 from attune.core.vocab import RunOutcome, Verdict
 from attune.tuners.base import Candidate, Outcome, split_changes
 from broker import wire
 from broker.client import BrokerClient
-
-
-class StopRefusedError(RuntimeError):
-    """The control plane refused the tuner's stop (search rules): each refusal's code and missing items."""
-
-    def __init__(self, refusals: list[dict[str, Any]]) -> None:
-        self.refusals = refusals
-        super().__init__("the control plane refused the stop: " + "; ".join(
-            f"[{r.get('code')}] {', '.join(str(x) for x in r.get('items') or [])}" for r in refusals))
 
 
 class BrokerControlPlane:
@@ -107,6 +100,8 @@ class BrokerControlPlane:
         status, payload = self.client.call("POST", "/v1/stop", body=wire.StopRequest(
             levers_tested=levers, diagnosis=diagnosis).model_dump(mode="json"))
         if status == 409 and payload.get("error") == "stop_refused":
-            raise StopRefusedError(list(payload.get("refusals") or []))
+            raise StopRefusedError([RuleRefusal(str(r.get("code")), str(r.get("message") or ""),
+                                                [str(x) for x in r.get("items") or []])
+                                    for r in payload.get("refusals") or [] if isinstance(r, dict)])
         if status != 201 and payload.get("error") != "stop_already_recorded":
             raise RuntimeError(f"the broker refused the stop record: {payload}")

@@ -22,7 +22,7 @@ from attune.core.state import STOP_BLOCKER_CODES
 from attune.core.vocab import refusal_codes_text
 
 __all__ = [
-    "Budget", "Calibration", "CampaignStatus", "CampaignSummary", "CancelAnswer", "CancelRequest", "Changes",
+    "Budget", "Calibration", "CampaignStatus", "CampaignSummary", "CancelAnswer", "CancelRequest", "CandidateChanges",
     "DiagnosisRequest", "DirEntry", "DirPage", "ErrorAnswer", "Health", "ImageListQuery", "ImageReadQuery",
     "ImageSearchQuery", "LaunchAnswer", "LaunchRequest", "LaunchResult", "Leader", "LinesPage", "ListRunsQuery",
     "LogQuery", "LogSearchQuery", "Match", "PageQuery", "Recorded", "AssumptionRequest", "RunInfo", "RunList",
@@ -56,7 +56,7 @@ class _Answer(BaseModel):
 # ----------------------------------------------------------------------------------- request bodies
 
 
-class Changes(_Body):
+class CandidateChanges(_Body):
     """A candidate's edits to its base recipe (LaunchRequest.changes, typed)."""
 
     args: dict[str, Value] = Field(default_factory=dict, description=(

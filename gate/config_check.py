@@ -55,7 +55,7 @@ class Change(BaseModel):
     reason: str
 
 
-class Refusal(BaseModel):
+class ConfigRefusal(BaseModel):
     """Why the check refuses: a change, a pinned value, or a known defect."""
 
     name: str = Field(description="The argument, variable, or defect id.")
@@ -79,7 +79,7 @@ class ConfigCheckResult(BaseModel):
     mode: Literal["recipe", "resolved"]
     passed: bool
     changes: list[Change]
-    refusals: list[Refusal]
+    refusals: list[ConfigRefusal]
     defects: list[DefectHit]
 
     def summary(self) -> str:
@@ -194,7 +194,7 @@ def _env_changes(clist: CorrectnessList, base_env: Mapping[str, str], cand_env: 
 
 
 def _pin_refusals(clist: CorrectnessList, config: Mapping[str, Any], env: Mapping[str, str],
-                  changed: set[str], absent_is_unset: bool) -> list[Refusal]:
+                  changed: set[str], absent_is_unset: bool) -> list[ConfigRefusal]:
     """Frozen settings the candidate does not hold at their pinned value (and that are not already a refused change).
 
     In a recipe, an argument or variable it does not mention is not visible (the
@@ -212,7 +212,7 @@ def _pin_refusals(clist: CorrectnessList, config: Mapping[str, Any], env: Mappin
         else:
             holds = names.same(actual, entry.value)
         if not holds:
-            out.append(Refusal(name=dest, kind="arg", klass="frozen",
+            out.append(ConfigRefusal(name=dest, kind="arg", klass="frozen",
                                reason=f"frozen at {entry.value!r} on {clist.model}, the candidate has "
                                f"{names.to_jsonable(actual)!r}: {entry.why}"))
     for name, env_entry in clist.env.items():
@@ -222,7 +222,7 @@ def _pin_refusals(clist: CorrectnessList, config: Mapping[str, Any], env: Mappin
             continue
         actual_env = env.get(name)
         if actual_env != env_entry.value:
-            out.append(Refusal(name=name, kind="env", klass="frozen",
+            out.append(ConfigRefusal(name=name, kind="env", klass="frozen",
                                reason=f"frozen at {env_entry.value!r} on {clist.model}, the candidate has "
                                f"{actual_env!r}: {env_entry.why}"))
     return out
@@ -241,11 +241,11 @@ def _defects(clist: CorrectnessList, config: Mapping[str, Any], env: Mapping[str
 def _finish(loaded: LoadedList, mode: Literal["recipe", "resolved"], changes: list[Change],
             cand_config: Mapping[str, Any], cand_env: Mapping[str, str]) -> ConfigCheckResult:
     clist = loaded.clist
-    refusals = [Refusal(name=c.name, kind=c.kind, klass=c.klass, reason=c.reason)  # type: ignore[arg-type]
+    refusals = [ConfigRefusal(name=c.name, kind=c.kind, klass=c.klass, reason=c.reason)  # type: ignore[arg-type]
                 for c in changes if not c.allowed]
     refusals += _pin_refusals(clist, cand_config, cand_env, {c.name for c in changes}, mode == "resolved")
     defects = _defects(clist, cand_config, cand_env)
-    refusals += [Refusal(name=h.id, kind="defect", klass="defect",
+    refusals += [ConfigRefusal(name=h.id, kind="defect", klass="defect",
                          reason=f"known stack defect on {clist.model}: {h.description} ({h.shows}); "
                          f"matched {h.condition} with {h.values}") for h in defects]
     return ConfigCheckResult(model=clist.model, list_sha256=loaded.sha256, mode=mode, passed=not refusals,

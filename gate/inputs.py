@@ -1,6 +1,6 @@
 """Reading the gate's inputs from files: recipes, environments, loss curves.
 
-Every reader raises :class:`InputError` (a ValueError) with a message that names the
+Every reader raises :class:`GateInputError` (a ValueError) with a message that names the
 file and what was expected, so the CLI can exit 2 and the MCP server can answer with
 a clear error.
 """
@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from attune.core.errors import GateError
 from attune.readers import bounded
 from attune.readers.metrics import read_losses, read_resolved_args
 from gate import names
@@ -23,7 +24,7 @@ MAX_CURVE_BYTES = 512 * 2**20  # a loss curve, or a training log read whole
 DEFAULT_FRAMEWORK = "megatron-lm"
 
 
-class InputError(ValueError):
+class GateInputError(GateError, ValueError):
     """Bad input to the gate."""
 
 
@@ -44,10 +45,10 @@ def argv_to_args(tokens: Sequence[str]) -> dict[str, Any]:
         if tok.startswith("--"):
             flush()
             if not names.FLAG_RE.match(tok):
-                raise InputError(f"not a flag: {tok!r}")
+                raise GateInputError(f"not a flag: {tok!r}")
             flag, values = tok, []
         elif flag is None:
-            raise InputError(f"value {tok!r} before any flag")
+            raise GateInputError(f"value {tok!r} before any flag")
         else:
             values.append(tok)
     flush()
@@ -58,22 +59,22 @@ def _read_structured(path: Path) -> Any:
     try:
         return bounded.read_structured(path, "input")
     except bounded.InputError as exc:
-        raise InputError(str(exc)) from None
+        raise GateInputError(str(exc)) from None
 
 
 def _check_args(obj: Any, where: str) -> dict[str, Any]:
     if isinstance(obj, list):
         if not all(isinstance(t, str) for t in obj):
-            raise InputError(f"{where}: an argv list must hold strings")
+            raise GateInputError(f"{where}: an argv list must hold strings")
         return argv_to_args(obj)
     if not isinstance(obj, dict):
-        raise InputError(f"{where}: expected a mapping of --flag to value (or an argv list), got {type(obj).__name__}")
+        raise GateInputError(f"{where}: expected a mapping of --flag to value (or an argv list), got {type(obj).__name__}")
     for k, v in obj.items():
         if not isinstance(k, str) or not names.FLAG_RE.match(k):
-            raise InputError(f"{where}: key {k!r} is not a flag (expected --name)")
+            raise GateInputError(f"{where}: key {k!r} is not a flag (expected --name)")
         if not (v is None or isinstance(v, (str, int, float, bool)) or
                 (isinstance(v, list) and all(isinstance(x, (str, int, float, bool)) for x in v))):
-            raise InputError(f"{where}: value of {k} must be a string, number, boolean, null or list")
+            raise GateInputError(f"{where}: value of {k} must be a string, number, boolean, null or list")
     return dict(obj)
 
 
@@ -81,13 +82,13 @@ def check_env(obj: Any, where: str) -> dict[str, str]:
     if obj is None:
         return {}
     if not isinstance(obj, dict):
-        raise InputError(f"{where}: expected a mapping of variable name to string value")
+        raise GateInputError(f"{where}: expected a mapping of variable name to string value")
     out = {}
     for k, v in obj.items():
         if not isinstance(k, str) or not k:
-            raise InputError(f"{where}: environment variable names must be non-empty strings")
+            raise GateInputError(f"{where}: environment variable names must be non-empty strings")
         if v is None or isinstance(v, (dict, list)):
-            raise InputError(f"{where}: value of {k} must be a string")
+            raise GateInputError(f"{where}: value of {k} must be a string")
         out[k] = str(v).lower() if isinstance(v, bool) else str(v)
     return out
 
@@ -99,7 +100,7 @@ def load_recipe(path: str | Path) -> tuple[dict[str, Any], dict[str, str]]:
     if isinstance(data, dict) and ("args" in data or "env" in data):
         unknown = set(data) - {"args", "env", "name", "description"}
         if unknown:
-            raise InputError(f"{p}: unknown top-level field(s) {sorted(unknown)}; expected args, env")
+            raise GateInputError(f"{p}: unknown top-level field(s) {sorted(unknown)}; expected args, env")
         return _check_args(data.get("args") or {}, f"{p}: args"), check_env(data.get("env"), f"{p}: env")
     return _check_args(data, str(p)), {}
 
@@ -111,17 +112,17 @@ def load_resolved(path: str | Path, framework: str = DEFAULT_FRAMEWORK) -> tuple
     if p.suffix in (".json", ".yaml", ".yml"):
         data = _read_structured(p)
         if not isinstance(data, dict) or "args" not in data or not isinstance(data["args"], dict):
-            raise InputError(f"{p}: expected {{'args': {{attribute: value}}, 'env': {{...}}}}")
+            raise GateInputError(f"{p}: expected {{'args': {{attribute: value}}, 'env': {{...}}}}")
         for k in data["args"]:
             if not isinstance(k, str) or not names.DEST_RE.match(k):
-                raise InputError(f"{p}: resolved argument {k!r} is not an attribute name (lower_snake_case)")
+                raise GateInputError(f"{p}: resolved argument {k!r} is not an attribute name (lower_snake_case)")
         return dict(data["args"]), check_env(data.get("env"), f"{p}: env")
     try:
         return read_resolved_args(p, framework), {}
     except OSError as exc:
-        raise InputError(f"cannot read {p}: {exc}") from exc
+        raise GateInputError(f"cannot read {p}: {exc}") from exc
     except ValueError as exc:
-        raise InputError(f"{p}: {exc}") from exc
+        raise GateInputError(f"{p}: {exc}") from exc
 
 
 def load_env(path: str | Path) -> dict[str, str]:
@@ -132,7 +133,7 @@ def load_env(path: str | Path) -> dict[str, str]:
     try:
         lines = bounded.read_text(p, "environment file").splitlines()
     except bounded.InputError as exc:
-        raise InputError(str(exc)) from None
+        raise GateInputError(str(exc)) from None
     out: dict[str, str] = {}
     for i, line in enumerate(lines, 1):
         s = line.strip()
@@ -141,7 +142,7 @@ def load_env(path: str | Path) -> dict[str, str]:
         if s.startswith("export "):
             s = s[7:].strip()
         if "=" not in s:
-            raise InputError(f"{p}:{i}: expected KEY=VALUE, got {line!r}")
+            raise GateInputError(f"{p}:{i}: expected KEY=VALUE, got {line!r}")
         k, v = s.split("=", 1)
         out[k.strip()] = v
     return out
@@ -151,16 +152,16 @@ def _curve_value(v: Any, where: str) -> float | None:
     if v is None:
         return None
     if isinstance(v, bool):
-        raise InputError(f"{where}: a loss must be a number, null or 'nan'/'inf', got {v!r}")
+        raise GateInputError(f"{where}: a loss must be a number, null or 'nan'/'inf', got {v!r}")
     if isinstance(v, (int, float)):
         return float(v)
     if isinstance(v, str):
         try:
             f = float(v)
         except ValueError:
-            raise InputError(f"{where}: a loss must be a number, null or 'nan'/'inf', got {v!r}") from None
+            raise GateInputError(f"{where}: a loss must be a number, null or 'nan'/'inf', got {v!r}") from None
         return f
-    raise InputError(f"{where}: a loss must be a number, null or 'nan'/'inf', got {type(v).__name__}")
+    raise GateInputError(f"{where}: a loss must be a number, null or 'nan'/'inf', got {type(v).__name__}")
 
 
 def load_curve(path: str | Path, framework: str = DEFAULT_FRAMEWORK) -> dict[int, float | None]:
@@ -173,32 +174,32 @@ def load_curve(path: str | Path, framework: str = DEFAULT_FRAMEWORK) -> dict[int
     try:
         text = bounded.read_bytes(p, "loss curve or log", MAX_CURVE_BYTES).decode("utf-8", "replace")
     except bounded.InputError as exc:
-        raise InputError(str(exc)) from None
+        raise GateInputError(str(exc)) from None
     if p.suffix == ".json" or text.lstrip().startswith("{"):
         if bounded.json_depth(text) > bounded.MAX_DEPTH:
-            raise InputError(f"{p}: JSON nested deeper than {bounded.MAX_DEPTH} levels")
+            raise GateInputError(f"{p}: JSON nested deeper than {bounded.MAX_DEPTH} levels")
         try:
             data = json.loads(text)  # accepts NaN and Infinity
         except (json.JSONDecodeError, RecursionError) as exc:
-            raise InputError(f"{p} is not valid JSON: {exc}") from None
+            raise GateInputError(f"{p} is not valid JSON: {exc}") from None
         if not isinstance(data, dict):
-            raise InputError(f"{p}: expected a JSON object mapping step numbers to losses")
+            raise GateInputError(f"{p}: expected a JSON object mapping step numbers to losses")
         out: dict[int, float | None] = {}
         for k, v in data.items():
             try:
                 step = int(str(k))
             except ValueError:
-                raise InputError(f"{p}: step {k!r} is not an integer") from None
+                raise GateInputError(f"{p}: step {k!r} is not an integer") from None
             out[step] = _curve_value(v, f"{p}: step {k}")
         if not out:
-            raise InputError(f"{p}: the loss curve is empty")
+            raise GateInputError(f"{p}: the loss curve is empty")
         return out
     try:
         curve = read_losses(p, framework)
     except OSError as exc:
-        raise InputError(f"cannot read {p}: {exc}") from exc
+        raise GateInputError(f"cannot read {p}: {exc}") from exc
     if not curve:
-        raise InputError(f"{p}: no {framework} step lines found: not a training log, and not a JSON loss curve")
+        raise GateInputError(f"{p}: no {framework} step lines found: not a training log, and not a JSON loss curve")
     return curve
 
 

@@ -30,6 +30,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from attune.core.errors import GateError
 from attune.readers import bounded
 from gate import names
 
@@ -296,7 +297,7 @@ def _condition_args(cond: Any) -> list[str]:
 # ---------------------------------------------------------------- loading and hashing
 
 
-class ListError(ValueError):
+class ListError(GateError, ValueError):
     """A list that cannot be used: missing, malformed, or not the pinned one."""
 
 

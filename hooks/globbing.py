@@ -15,6 +15,7 @@ raise `Unsupported`. Standard library only; imported only when a command holds a
 
 from __future__ import annotations
 
+from attune.core.errors import HookError
 from hooks import lightos as os  # os without `import os` (see hooks/lightos.py)
 
 __all__ = ["Unsupported", "expand", "has_magic", "match"]
@@ -22,7 +23,7 @@ __all__ = ["Unsupported", "expand", "has_magic", "match"]
 LIMIT = 5000  # directory entries looked at per expansion
 
 
-class Unsupported(Exception):
+class Unsupported(HookError):
     """The pattern uses a construct this module does not reproduce exactly."""
 
 

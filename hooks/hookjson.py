@@ -9,6 +9,8 @@ strings, numbers, booleans and None (other values: `default`, else TypeError).
 
 from __future__ import annotations
 
+from attune.core.errors import HookError
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -22,7 +24,7 @@ except ImportError:  # pragma: no cover - not CPython
 __all__ = ["JSONDecodeError", "dumps", "loads"]
 
 
-class JSONDecodeError(ValueError):
+class JSONDecodeError(HookError, ValueError):
     """The text is not one JSON document."""
 
 

@@ -19,6 +19,8 @@ Standard library only; parsed lazily (only the program being checked).
 
 from __future__ import annotations
 
+from attune.core.errors import HookError
+
 __all__ = ["NAMES", "SPECS", "Denied", "Spec", "get", "parse"]
 
 # name: (short, long, deny, operands[, max_operands[, digits]])
@@ -218,7 +220,7 @@ def get(name: str) -> Spec | None:
     return spec
 
 
-class Denied(Exception):
+class Denied(HookError):
     """An option the program may not take here (the message says which and why)."""
 
 

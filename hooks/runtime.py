@@ -33,6 +33,7 @@ from attune.core.campaign_paths import (  # stdlib only, no imports of its own
     HOOKS_LOG,
     POLICY_FILE,
 )
+from attune.core.errors import HookError
 from hooks import lightos as os  # os without `import os` (see hooks/lightos.py)
 
 TYPE_CHECKING = False  # no typing import at run time: hooks start on every tool call
@@ -46,7 +47,7 @@ POLICY_KEYS = ("commands", "read_paths", "write_paths", "tools")
 PLUGIN_ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 
 
-class PolicyFileError(Exception):
+class PolicyFileError(HookError):
     """policy.yaml is not in the accepted subset."""
 
 

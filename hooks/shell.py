@@ -24,6 +24,8 @@ Standard library only, and quick to import: this runs on every tool call.
 
 from __future__ import annotations
 
+from attune.core.errors import HookError
+
 __all__ = ["Redirect", "Refused", "Word", "lex", "pipeline"]
 
 _GLOB = frozenset("*?[")
@@ -31,7 +33,7 @@ _PAT_SPECIAL = frozenset("*?[]\\")
 _WS = frozenset(" \t")
 
 
-class Refused(Exception):
+class Refused(HookError):
     """The command line uses a construct the policy does not run."""
 
 

@@ -36,7 +36,7 @@ from pydantic import BaseModel, Field, ValidationError
 from attune.core.campaign_paths import CAMPAIGN_FILE
 from broker import wire
 from broker.client import BrokerUnavailable, Endpoint, endpoint_for
-from broker.wire import CampaignStatus, Changes, LaunchResult, Value
+from broker.wire import CampaignStatus, CandidateChanges, LaunchResult, Value
 
 log = logging.getLogger("attune.broker_server")
 
@@ -221,7 +221,7 @@ async def workload_environment(
 
 @server.tool()
 async def launch_candidate(
-    changes: Changes,
+    changes: CandidateChanges,
     hypothesis: Annotated[str, Field(description="the bottleneck this candidate should shrink, and the mechanism")],
     lever: Annotated[str, Field(description="the lever (or coupled set of parallelism degrees) it changes")],
     expected_gain: Annotated[float, Field(description="expected relative throughput gain, e.g. 0.05 for 5%")],

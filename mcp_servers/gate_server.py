@@ -243,7 +243,7 @@ def check_resolved_run(
     try:
         b_args, b_env = inputs.load_resolved(_path(baseline_log))
         c_args, c_env = inputs.load_resolved(_path(candidate_log))
-    except inputs.InputError as exc:
+    except inputs.GateInputError as exc:
         raise ToolError(str(exc)) from exc
     result = config_check.check_resolved(loaded, b_args, c_args, {**b_env, **(baseline_env or {})},
                                          {**c_env, **(candidate_env or {})})
@@ -295,7 +295,7 @@ def _curve(path: str | None, losses: dict[str, float | str | None] | None, label
         return _inline_curve(losses, f"{label}_losses")
     try:
         return inputs.load_curve(_path(path))  # type: ignore[arg-type]
-    except inputs.InputError as exc:
+    except inputs.GateInputError as exc:
         raise ToolError(str(exc)) from exc
 
 

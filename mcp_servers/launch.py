@@ -58,6 +58,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script (.mcp.json): the plugin root holds attune's server list
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from attune.core import plugin_servers  # noqa: E402 - after the path, when run as a script
+from attune.core.errors import PluginServerError
 
 SERVERS = {name: plugin_servers.module(name) for name in plugin_servers.SERVERS}
 MARKER = ".attune-ready"
@@ -71,7 +72,7 @@ FIX = ("python3 (3.11+) with the venv module is needed (Debian/Ubuntu: apt insta
        "<plugin>/mcp_servers/launch.py --provision).")
 
 
-class ProvisionError(Exception):
+class ProvisionError(PluginServerError):
     def __init__(self, step: str, detail: str, log: Path | None = None) -> None:
         super().__init__(f"{step}: {detail}")
         self.step, self.detail, self.log = step, detail, log

@@ -110,7 +110,7 @@ def _stop_refusal_codes() -> set[str]:
     fns = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names]
     assert len(fns) == len(names)
     return {c.args[0].value for fn in fns for c in ast.walk(fn) if isinstance(c, ast.Call)
-            and getattr(c.func, "id", "") == "Refusal" and c.args and isinstance(c.args[0], ast.Constant)}
+            and getattr(c.func, "id", "") == "RuleRefusal" and c.args and isinstance(c.args[0], ast.Constant)}
 
 
 def test_stop_hints_cover_every_stop_code() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from attune.control.campaign import RecordError, StopRefused
+from attune.control.campaign import RecordError, StopRefusedError
 from attune.control.plane import Control, JobFacts, LaunchRequest
 from attune.core import ledger
 from attune.core.state import fold
@@ -149,10 +149,10 @@ def test_refusals_are_clear_and_recorded(calibrated: CampaignHandle, tmp_path: P
     out = CampaignHandle(fresh).launch(_req(search({"--fake-step-ms": 5})))
     assert out["code"] == "not_calibrated" and "0/5 calibration runs" in out["reason"]
 
-    with pytest.raises(StopRefused) as early:  # a stop before calibration (search rules, issue 15)
+    with pytest.raises(StopRefusedError) as early:  # a stop before calibration (search rules, issue 15)
         CampaignHandle(fresh).stop(["step"], "nothing left to try", None)
     assert [r.code for r in early.value.refusals] == ["calibration_incomplete"]
-    with pytest.raises(StopRefused) as unrun:  # levers_tested names a lever no run changed
+    with pytest.raises(StopRefusedError) as unrun:  # levers_tested names a lever no run changed
         h.stop(["step"], "nothing left to try", None)
     assert [(r.code, r.items) for r in unrun.value.refusals] == [("levers_not_run", ["step"])]
     assert rows(d, "stop_refused")[-1].data["codes"] == ["levers_not_run"]

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from attune.control import search_rules
-from attune.control.campaign import StopRefused, record_stop, start
+from attune.control.campaign import StopRefusedError, record_stop, start
 from attune.control.plane import Control
 from attune.core.ledger import Ledger
 from attune.core.state import load
@@ -79,7 +79,7 @@ def glm(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 def _codes(d: Path, levers: list[str]) -> dict[str, list[str]]:
-    with pytest.raises(StopRefused) as exc:
+    with pytest.raises(StopRefusedError) as exc:
         record_stop(d, levers, "the leader is bound by host launches")
     return {r.code: r.items for r in exc.value.refusals}
 

@@ -74,7 +74,7 @@ def _codes_written_by_the_control_plane() -> set[str]:
     for path in (ROOT / "attune" / "control").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                    and node.func.id in ("Refusal", "RunGenError") and node.args
+                    and node.func.id in ("Refusal", "RuleRefusal", "RunGenError") and node.args
                     and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
                 out.add(node.args[0].value)
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "__init__"

@@ -31,6 +31,7 @@ from attune.control.campaign import start
 from attune.control.rungen import Changes, RunGenerator, RunGenError, parse_changes
 from attune.control.spec import CampaignSpec
 from attune.core import ledger as ledger_mod
+from attune.core.errors import AppError
 from attune.core.state import CampaignState, RunState, load
 from attune.core.vocab import RunKind, RunOutcome, Verdict
 from attune.tuners.base import Candidate, Outcome, split_changes
@@ -43,7 +44,7 @@ MAX_REFUSED_CALIBRATIONS = 5  # refused calibration launches in a row before the
 EARLY_ABORT_TUNERS = BLACK_BOX
 
 
-class RunnerError(Exception):
+class RunnerError(AppError):
     """The campaign cannot go on (the baseline keeps failing, the broker cannot be reached)."""
 
 
@@ -448,7 +449,7 @@ class CampaignRunner:
         def on_outcome(_c: Candidate, _o: Outcome) -> None:
             self._progress()
 
-        from broker.tuner_plane import StopRefusedError
+        from attune.control.campaign import StopRefusedError
 
         try:
             drive(tuner, plane, early_abort=self.tuner_name in EARLY_ABORT_TUNERS, on_outcome=on_outcome)

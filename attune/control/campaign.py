@@ -11,6 +11,7 @@ from typing import Any
 from attune.control.spec import CampaignSpec, load_spec, spec_sha256
 from attune.core import ledger as ledger_mod
 from attune.core.campaign_paths import CAMPAIGN_FILE, CONTROL_LOCK
+from attune.core.errors import ControlError
 from attune.core.state import CampaignState, load
 from attune.core.vocab import RunKind
 
@@ -25,7 +26,7 @@ def campaign_lock(campaign_dir: Path | str) -> Iterator[None]:
         yield
 
 
-class CampaignError(Exception):
+class CampaignError(ControlError):
     """The campaign directory cannot be used as it is."""
 
 
@@ -81,7 +82,7 @@ def start(campaign_dir: Path | str, list_sha256: str | None = None,
     return spec, state
 
 
-class RecordError(Exception):
+class RecordError(ControlError):
     """A record the campaign refuses (missing evidence, a wrong leader). `code`: a stable word for
     callers that act on the refusal (the broker answers it as the error), never the prose."""
 
@@ -90,7 +91,7 @@ class RecordError(Exception):
         self.code = code
 
 
-class StopRefused(RecordError):
+class StopRefusedError(RecordError):
     """A stop the search rules refuse: each refusal has a code and the missing items."""
 
     def __init__(self, refusals: list[Any]) -> None:
@@ -180,7 +181,7 @@ def _append_stop(campaign_dir: Path | str, levers: list[str | None], text: str |
             "refusals": [r.as_dict() for r in refusals], "codes": [r.code for r in refusals],
             "levers_tested": levers, "diagnosis": text,
         })
-        raise StopRefused(refusals)
+        raise StopRefusedError(refusals)
     tested = sorted({r.lever for r in state.runs.values() if r.kind == RunKind.SEARCH and r.lever})
     return ledger_mod.Ledger(campaign_dir).append(
         "stop_recorded",

@@ -45,6 +45,7 @@ from attune.control.spec import CampaignSpec, load_spec, spec_sha256
 from attune.core import gatelists
 from attune.core import ledger as ledger_mod
 from attune.core.campaign_paths import CAMPAIGN_FILE, RUN_JOB, RUN_LOG, RUNS_DIR
+from attune.core.errors import ControlError
 from attune.core.job import JobSpec
 from attune.core.measure import gpu_hours
 from attune.core.state import BudgetState, CampaignState, Follower, RunState
@@ -91,10 +92,6 @@ def check_budget_refusal(b: BudgetState, expected: float) -> str | None:
                 f"{b.reserve:.6g} = {b.total - b.reserve:.6g} GPU-h) by {b.reserve_overrun:.6g} GPU-h "
                 f"({others:.6g} GPU-h charged or in flight), into the reserve")
     return msg
-
-class ControlError(Exception):
-    """The campaign cannot be driven as it is (not started, spec changed, bad configuration)."""
-
 
 # ----------------------------------------------------------------------------------- requests
 

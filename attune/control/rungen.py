@@ -34,6 +34,7 @@ from typing import Any
 
 from attune.control.spec import ArgValue, CampaignSpec, is_env_name
 from attune.core.containment import inside
+from attune.core.errors import ControlError
 from attune.core.job import JobSpec
 
 # The flags that pin the workload's shape, per framework: (sequence length, global batch, steps).
@@ -58,7 +59,7 @@ CANDIDATE_FLAG = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}")
 _PATH_SPLIT = re.compile(r"[,;:=\s]+")
 
 
-class RunGenError(Exception):
+class RunGenError(ControlError):
     """A request the generator refuses. `code` is a stable word; the message says what to change."""
 
     def __init__(self, code: str, message: str) -> None:

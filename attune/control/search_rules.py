@@ -1,6 +1,6 @@
 """The skill's search rules 2, 4, 5 and 6, enforced by the control plane (not only written in the skill).
 
-Every check returns `Refusal`s: a stable `code`, one line of prose, and the missing `items`. The
+Every check returns `RuleRefusal`s: a stable `code`, one line of prose, and the missing `items`. The
 launch path refuses a candidate that breaks rule 2; `record_stop` refuses a stop while any stop rule
 is open (the refusal is written to the ledger as a `stop_refused` row, so the Stop hook and
 `campaign_status` show its codes and items). Every rule is waived once the search budget is spent,
@@ -63,7 +63,7 @@ MEMORY_LEVERS = frozenset({"recompute-granularity", "recompute-method", "recompu
 
 
 @dataclass
-class Refusal:
+class RuleRefusal:
     code: str
     message: str
     items: list[str] = field(default_factory=list)
@@ -244,7 +244,7 @@ def coupled_groups(spec: CampaignSpec, names: Iterable[str]) -> list[list[str]]:
 
 
 def check_one_lever(spec: CampaignSpec, state: CampaignState, args: Mapping[str, Any],
-                    env: Mapping[str, str]) -> Refusal | None:
+                    env: Mapping[str, str]) -> RuleRefusal | None:
     """Rule 2: the candidate changes one lever or one coupled set relative to the leader."""
     if not enforced(state):
         return None
@@ -256,7 +256,7 @@ def check_one_lever(spec: CampaignSpec, state: CampaignState, args: Mapping[str,
         return None
     items = [" + ".join(g) + f" ({', '.join(sorted(set().union(*(levers_of(spec, n) for n in g))))})"
              for g in groups]
-    return Refusal("rule2_one_lever", (
+    return RuleRefusal("rule2_one_lever", (
         f"search rule 2: a candidate changes one lever or one coupled set relative to the leader "
         f"({state.leader_run_id}); this one changes {len(groups)} unrelated sets (the catalog's couplings "
         "decide what moves together): launch them one at a time"), items)
@@ -384,10 +384,10 @@ class _StopContext:
         return self.spec.cluster.gpus
 
 
-def _rule_levers_not_run(c: _StopContext) -> Refusal | None:
+def _rule_levers_not_run(c: _StopContext) -> RuleRefusal | None:
     if not c.not_run:
         return None
-    return Refusal("levers_not_run", (
+    return RuleRefusal("levers_not_run", (
         "levers_tested names levers that no finished search run changed: list only levers the campaign "
         "measured"), c.not_run)
 
@@ -408,7 +408,7 @@ def _lever_values(c: _StopContext, flags: set[str]) -> tuple[set[tuple[str, str]
     return values, at_limit
 
 
-def _rule4_lever_values(c: _StopContext) -> Refusal | None:
+def _rule4_lever_values(c: _StopContext) -> RuleRefusal | None:
     """Rule 4, first half: a lever named as tested (and not part of the leader) saw two values or its limit."""
     leader_names = set(changed_names(*recipe(c.spec, None), c.leader_args, c.leader_env))
     few: list[str] = []
@@ -424,11 +424,11 @@ def _rule4_lever_values(c: _StopContext) -> Refusal | None:
             few.append(f"{lv} (tried {tried})")
     if not few:
         return None
-    return Refusal("rule4_lever_values", (
+    return RuleRefusal("rule4_lever_values", (
         "search rule 4: a lever is ruled out only after two values or its feasible limit"), few)
 
 
-def _rule4_layout_unprobed(c: _StopContext) -> Refusal | None:
+def _rule4_layout_unprobed(c: _StopContext) -> RuleRefusal | None:
     """Rule 4, second half: each of TP, PP, EP, CP and DP probed, or shown infeasible."""
     if c.feasible is None:
         return None
@@ -443,7 +443,7 @@ def _rule4_layout_unprobed(c: _StopContext) -> Refusal | None:
                if not probed[d] and any(v != base_deg[d] for v in feasible[d])]
     if not missing:
         return None
-    return Refusal("rule4_layout_unprobed", (
+    return RuleRefusal("rule4_layout_unprobed", (
         "search rule 4: the topology is exhausted only after each of TP, PP, EP, CP and DP was probed "
         "(a degree the layout enumerator shows infeasible to move is exempt)"), missing)
 
@@ -462,7 +462,7 @@ def _retried_with_more_savings(c: _StopContext, r: RunState, key: tuple[int, ...
     return False
 
 
-def _rule5_oom_not_retried(c: _StopContext) -> Refusal | None:
+def _rule5_oom_not_retried(c: _StopContext) -> RuleRefusal | None:
     """Rule 5: an out-of-memory layout the estimate ranks faster, retried with more memory savings."""
     leader_s = _estimate_step_s(c.spec, c.leader_args, c.leader_env)
     leader_save = memory_savings(c.leader_args)
@@ -484,12 +484,12 @@ def _rule5_oom_not_retried(c: _StopContext) -> Refusal | None:
             open5.append(f"{r.run_id} {_layout_text(key)} ({why}; retry it with full recomputation or offload)")
     if not open5:
         return None
-    return Refusal("rule5_oom_not_retried", (
+    return RuleRefusal("rule5_oom_not_retried", (
         "search rule 5: a layout that ran out of memory is ruled out only after a retry with the memory "
         "savings added back"), open5)
 
 
-def _rule6_winners_not_retested(c: _StopContext) -> Refusal | None:
+def _rule6_winners_not_retested(c: _StopContext) -> RuleRefusal | None:
     """Rule 6: flags that won on an earlier layout, re-tested on the final layout."""
     spec, state, gpus, full, runs = c.spec, c.state, c.gpus, c.full, c.runs
     final_key = layout_key(c.leader_args, gpus)
@@ -514,7 +514,7 @@ def _rule6_winners_not_retested(c: _StopContext) -> Refusal | None:
                 open6.append(f"{name}={value} (won in {w.run_id} on {_layout_text(layout_key(wa, gpus))})")
     if not open6:
         return None
-    return Refusal("rule6_winners_not_retested", (
+    return RuleRefusal("rule6_winners_not_retested", (
         f"search rule 6: flags that won on earlier layouts must be re-tested on the final layout "
         f"({_layout_text(final_key)})"), sorted(set(open6)))
 
@@ -524,12 +524,12 @@ STOP_RULES = (_rule_levers_not_run, _rule4_lever_values, _rule4_layout_unprobed,
               _rule6_winners_not_retested)
 
 
-def stop_refusals(spec: CampaignSpec, state: CampaignState, levers_tested: list[str]) -> list[Refusal]:
+def stop_refusals(spec: CampaignSpec, state: CampaignState, levers_tested: list[str]) -> list[RuleRefusal]:
     """Every open stop rule (empty: the stop may be recorded)."""
     if not enforced(state):
         return []
     if state.calibration is None:
-        return [Refusal("calibration_incomplete", (
+        return [RuleRefusal("calibration_incomplete", (
             "the baseline's calibration is not complete, so no measurement can be judged yet: finish the "
             "calibration runs first"), [f"{len(state.calibration_values)}/{state.calibration_runs_required} "
                                         "good calibration runs"])]

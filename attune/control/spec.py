@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from attune.core import yamlsubset
 from attune.core.campaign_paths import CAMPAIGN_FILE
+from attune.core.errors import ControlError
 from attune.readers.bounded import BoundedSafeLoader, InputError, check_strings, read_bytes, read_text
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "campaign.schema.json"
@@ -406,7 +407,7 @@ class CampaignSpec(_Strict):
                 "max_spread": self.workload.max_step_time_spread, "hang_after_s": self.control.hang_timeout_s}
 
 
-class SpecError(Exception):
+class SpecError(ControlError):
     """A campaign file that cannot be used. `problems` lists (field path, message)."""
 
     def __init__(self, path: Path | str, problems: list[tuple[str, str]]) -> None:

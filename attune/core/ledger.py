@@ -68,6 +68,7 @@ from pathlib import Path
 from typing import Any
 
 from attune.core.campaign_paths import LEDGER_FILE, LEDGER_TORN_FILE
+from attune.core.errors import CoreError
 
 LEDGER_NAME = LEDGER_FILE
 TORN_NAME = LEDGER_TORN_FILE
@@ -101,7 +102,7 @@ ROW_TYPES: dict[str, tuple[str, ...]] = {
 NON_NEGATIVE = ("charge_gpu_hours", "expected_gpu_hours", "gpu_hours", "tokens_per_s_per_gpu")
 
 
-class LedgerError(Exception):
+class LedgerError(CoreError):
     """The ledger cannot be trusted: a broken chain, a corrupt row, or a bad append.
 
     `kind` classifies it (see the module docstring); `bad_request` is an append the ledger refuses."""

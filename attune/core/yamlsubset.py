@@ -18,6 +18,8 @@ keys (`?`), duplicate keys, multi-line plain or quoted scalars, and anything els
 
 from __future__ import annotations
 
+from attune.core.errors import CoreError
+
 TYPE_CHECKING = False  # no typing import at run time (hooks)
 if TYPE_CHECKING:
     from typing import Any
@@ -36,11 +38,11 @@ _ESCAPES = {"0": "\0", "a": "\a", "b": "\b", "t": "\t", "\t": "\t", "n": "\n", "
 _HEX_LEN = {"x": 2, "u": 4, "U": 8}
 
 
-class YamlSubsetError(ValueError):
+class YamlSubsetError(CoreError, ValueError):
     """The text is outside the subset (or not YAML at all): the message names the line and why."""
 
 
-class _Incomplete(Exception):
+class _Incomplete(CoreError):
     """A flow collection ran out of text: it continues on the next line (or never closes)."""
 
 

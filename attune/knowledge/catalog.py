@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from attune.core.errors import KnowledgeError
 from attune.knowledge.lessons import (
     CATALOG_DIR,
     LESSONS_PATH,
@@ -166,7 +167,7 @@ class LessonList(BaseModel):
     lessons: list[Lesson]
 
 
-class CatalogError(Exception):
+class CatalogError(KnowledgeError):
     """A catalog or lessons file that does not validate. `problems` lists (where, message)."""
 
     def __init__(self, path: Path | str, problems: list[tuple[str, str]]) -> None:

@@ -30,6 +30,8 @@ from typing import Any
 
 import yaml
 
+from attune.core.errors import KnowledgeError
+
 MODELS_PATH = Path(__file__).resolve().parents[2] / "skills" / "attune" / "catalog" / "models.yaml"
 VOCAB_DIVISOR = 128  # Megatron's --make-vocab-size-divisible-by default
 
@@ -42,7 +44,7 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader
 
 
-class LayoutError(ValueError):
+class LayoutError(KnowledgeError, ValueError):
     """Bad input to the layout or memory helpers; the message names the field."""
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from attune.core.errors import KnowledgeError
 from attune.knowledge.layouts import load_yaml
 
 CATALOG_DIR = Path(__file__).resolve().parents[2] / "skills" / "attune" / "catalog"
@@ -77,7 +78,7 @@ PARAM_COUNT_PATTERNS: tuple[tuple[str, str], ...] = (
 )
 
 
-class LessonError(ValueError):
+class LessonError(KnowledgeError, ValueError):
     """Bad input or a lessons file that cannot be used (exit 2)."""
 
 

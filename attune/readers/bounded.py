@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from attune.core.errors import UsageError
+from attune.core.errors import ReaderError, UsageError
 
 MAX_CONFIG_BYTES = 4 * 2**20  # specs, lists, catalogs, small JSON inputs
 MAX_DEPTH = 64  # nesting of JSON arrays/objects and YAML collections
@@ -38,7 +38,7 @@ _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _JSON_BRACKET = re.compile(rb"[\[\]{}]")
 
 
-class InputError(UsageError, OSError):
+class InputError(ReaderError, UsageError, OSError):
     """An input that is refused: one line saying which input and why.
 
     A `UsageError` (the CLI exits 2) and an `OSError` (code that treats an unreadable file as

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from attune.core.errors import SimError
 from attune.knowledge.layouts import LayoutError, ModelDims, find_model
 from attune.sim.hardware import Accelerator, HardwareError, accelerator
 from attune.sim.recipe import ArgValue, RecipeError, parse_argv
@@ -11,7 +12,7 @@ from attune.sim.recipe import ArgValue, RecipeError, parse_argv
 PROGRAM_SUFFIXES = (".py",)
 
 
-class SimInputError(ValueError):
+class SimInputError(SimError, ValueError):
     """Bad input to the simulator (unknown model or accelerator, unreadable override)."""
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from attune.core.errors import SimError
 from attune.core.hardware import DENSE_PEAK_FLOPS
 from attune.knowledge.memory_estimate import ACCELERATOR_GIB
 
@@ -60,7 +61,7 @@ ACCELERATORS: dict[str, Accelerator] = {
 GPUS_PER_NODE = 8  # the NVLink domain of HGX/DGX H100, H200 and B200
 
 
-class HardwareError(ValueError):
+class HardwareError(SimError, ValueError):
     pass
 
 

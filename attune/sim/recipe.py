@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from attune.core.errors import SimError
 from attune.knowledge.layouts import Layout, LayoutError, ModelDims, layout_from_degrees
 from attune.knowledge.memory_estimate import RECOMPUTE_MODULES
 from attune.sim.hardware import GPUS_PER_NODE, Accelerator
@@ -28,7 +29,7 @@ from attune.sim.hardware import GPUS_PER_NODE, Accelerator
 ArgValue = str | int | float | bool | None
 
 
-class RecipeError(ValueError):
+class RecipeError(SimError, ValueError):
     """What Megatron's argument validation (or model construction) would refuse at start-up."""
 
 

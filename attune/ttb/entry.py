@@ -19,6 +19,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from attune.core.errors import TTBError
+
 SCHEMA_VERSION = "ttb-entry-v1"
 ENTRY_FILE = "entry.json"
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "ttb-entry.schema.json"
@@ -115,7 +117,7 @@ class Entry(_Strict):
     files: dict[str, str] = Field(description="path in the entry -> SHA-256, every evidence file")
 
 
-class EntryError(ValueError):
+class EntryError(TTBError, ValueError):
     """An entry that cannot be read (names the file and the field)."""
 
 

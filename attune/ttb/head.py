@@ -14,8 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from attune.core.errors import TTBError
 
-class HeadError(ValueError):
+
+class HeadError(TTBError, ValueError):
     pass
 
 

@@ -32,6 +32,7 @@ from attune.core.campaign_paths import (
     run_job,
     run_log,
 )
+from attune.core.errors import TTBError
 from attune.ttb import protocol as proto
 from attune.ttb.entry import (
     ENTRY_FILE,
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
     from attune.core.state import CampaignState, RunState
 
 
-class SubmitRefused(Exception):
+class SubmitRefused(TTBError):
     """The campaign cannot become an entry; the message says why."""
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from attune.core.campaign_paths import CAMPAIGN_FILE, run_job, run_log
 from attune.core.containment import inside
+from attune.core.errors import TTBError
 from attune.ttb.entry import ENTRY_FILE, Entry, EntryError, load_entry, usd_per_million
 from attune.ttb.head import check_head
 
@@ -74,7 +75,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-class _Fail(Exception):
+class _Fail(TTBError):
     pass
 
 

@@ -30,6 +30,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from attune.core.errors import TTBError
+
 MANIFEST = "manifest.json"
 ROWS_FILE = "rows.u32"
 FORMAT = "ttb-rows-v1"
@@ -41,7 +43,7 @@ TULU3_DATASET = "allenai/tulu-3-sft-mixture"
 MAX_CONVERSATION_BYTES = 4 << 20  # a bound on one input line
 
 
-class WorkloadError(ValueError):
+class WorkloadError(TTBError, ValueError):
     """Input the workload builder cannot use (names the file and the problem)."""
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from attune.control.spec import CampaignSpec
+from attune.core.errors import TunerError
 from attune.tuners.base import ArgValue, Tuner
 from attune.tuners.heuristic import HeuristicTuner
 from attune.tuners.knobs import KNOB_PRIORITY, KnobSpace
@@ -24,7 +25,7 @@ from attune.tuners.tpe import TPETuner
 SIZE_ORDER = {"large": 0, "medium": 1, "varies": 2, "small": 3, "negligible": 4}
 
 
-class TunerSetupError(ValueError):
+class TunerSetupError(TunerError, ValueError):
     """The campaign cannot be searched by a built-in tuner (no or a bad search space)."""
 
 

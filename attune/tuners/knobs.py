@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attune.control.spec import CampaignSpec
+from attune.core.errors import TunerError
 from attune.knowledge.layouts import LayoutError, find_model, pipeline_split
 from attune.tuners.base import ArgValue, Candidate, Outcome
 from attune.tuners.prefilter import recipe_layout, recipe_memory
@@ -78,7 +79,7 @@ KNOB_PRIORITY = ("dispatcher", "--expert-model-parallel-size", "offload", "--ten
             "--expert-tensor-parallel-size")
 
 
-class Infeasible(ValueError):
+class Infeasible(TunerError, ValueError):
     """A draw that violates a constraint read from the framework: scored zero, never launched."""
 
 

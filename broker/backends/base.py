@@ -12,13 +12,10 @@ import enum
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from attune.core.errors import BackendError
 from attune.core.job import JobSpec
 
 __all__ = ["Backend", "BackendError", "BackendUnavailable", "JobSpec", "JobState", "JobStatus"]
-
-
-class BackendError(Exception):
-    """The backend could not do what was asked (submission refused, unknown job, ...)."""
 
 
 class BackendUnavailable(BackendError):

@@ -138,7 +138,7 @@ def run_check(args: argparse.Namespace) -> int:
             if not args.candidate and not changes and not args.env:
                 raise UsageError("give --candidate or at least one --set/--unset/--env change")
             result = config_check.check_recipe(loaded, b_args, c_args, b_env, c_env)
-    except (inputs.InputError, ValueError) as exc:
+    except (inputs.GateInputError, ValueError) as exc:
         raise UsageError(str(exc)) from exc
     if args.json:
         emit_json({**result.model_dump(mode="json"), "summary": result.summary()})
@@ -168,7 +168,7 @@ def _converge_inputs(args: argparse.Namespace) -> tuple[noise.Curve, noise.Curve
         cand = inputs.load_curve(args.candidate)
         runs = ([(Path(p).name, "replicate", inputs.load_curve(p)) for p in args.replicate]
                 + [(Path(p).name, "calibration", inputs.load_curve(p)) for p in args.calibration])
-    except inputs.InputError as exc:
+    except inputs.GateInputError as exc:
         raise UsageError(str(exc)) from exc
     if args.min_steps < 2:
         raise UsageError("--min-steps must be at least 2")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attune.core import measure
+from attune.core.errors import ReaderError
 from attune.readers.metrics.failure import DEFAULT_HANG_AFTER_S, FailureVerdict, classify
 from attune.readers.metrics.records import MemoryReport, ParsedLog, StepRecord
 
@@ -22,7 +23,7 @@ DEFAULT_WINDOW = (4, 13)
 DEFAULT_MAX_SPREAD = 0.10
 
 
-class MetricsInputError(ValueError):
+class MetricsInputError(ReaderError, ValueError):
     """The caller's input cannot be scored (bad window, GPU count, missing sequence length)."""
 
 

@@ -11,6 +11,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from attune.core.errors import ReaderError
 from attune.readers.traces.classify import CommKind
 from attune.readers.traces.layout import RankLayout, RankLayoutError
 from attune.readers.traces.models import (
@@ -32,7 +33,7 @@ _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _SMALL_INPUT_BYTES = 64 << 20  # below this, parallel workers cost more than they save
 
 
-class TraceInputError(ValueError):
+class TraceInputError(ReaderError, ValueError):
     """Bad input: a missing path, no traces, a file that is not a trace, a layout that does not fit."""
 
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from attune.core.errors import ReaderError
+
 __all__ = ["DIMS", "RankLayout", "RankLayoutError"]
 
 DIMS = ("tp", "cp", "dp", "pp")
 _DEFAULT_ORDER = ("tp", "cp", "dp", "pp")
 
 
-class RankLayoutError(ValueError):
+class RankLayoutError(ReaderError, ValueError):
     """A layout string or a layout that does not fit the traces."""
 
 

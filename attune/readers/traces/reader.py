@@ -25,6 +25,7 @@ from typing import IO, Any
 
 import msgspec
 
+from attune.core.errors import ReaderError
 from attune.readers.bounded import check_regular
 
 __all__ = ["Args", "Event", "TraceFormatError", "TraceReader", "looks_like_trace", "open_binary"]
@@ -37,7 +38,7 @@ _TAIL_WINDOW = 1 << 16
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
-class TraceFormatError(ValueError):
+class TraceFormatError(ReaderError, ValueError):
     """The file is not a Kineto trace (or is truncated or malformed)."""
 
 
