@@ -34,6 +34,7 @@ SPELLINGS = [
     "a: 'it''s'  # comment\nb: it's\nc: \"q # not a comment\"\n",
     "---\na: ~\nb: null\nc:\nd: true\ne: no\nf: On\ng: -3\nh: +4\ni: 0\nj: 3.0e-6\nk: -1.5\nl: .inf\n",
     "a: x-y_z.w/v\nurl: http://h:80/p\nflag: --tp-size\n",
+    "sha: 31ea7dbd3eb84a394c6d2a55137b0c59a8576bb32c7189b1acba20fe7cd63fa3\nv: 3a\nw: 12abc\n",
     "t: |\n  line one\n    indented\n\n  three\nu: >-\n  folded\n  text\n\n  para\nv: after\n",
     "\"quoted key\": 1\n'single': 2\n",
     "{\"json\": [1, 2, {\"x\": \"y\"}], \"b\": true}\n",
@@ -41,6 +42,11 @@ SPELLINGS = [
     "e: \"\\u00e9\\x41\\n\"\n",
     "",
     "# only a comment\n",
+    # multi-line scalars, folded (what yaml.safe_dump writes for a long string)
+    "a: plain\n  continued\n\n  new line\nb: 1\n",
+    "- one\n  two\n- k: v\n    w\n",
+    "a: 'open\n  close'  # c\nb: 'x\n\n  y'\n",
+    "a: \"esc\\\n  aped\"\nb: \"two\n    lines\"\n",
 ]
 
 REFUSED = [
@@ -52,8 +58,10 @@ REFUSED = [
     "a: 1\na: 2\n",  # duplicate keys (PyYAML keeps the last silently)
     "a: 1e3\n", "a: 0x1f\n", "a: 1_000\n", "a: 012\n", "a: 1:30\n", "a: 2024-01-01\n",  # looks numeric
     "a: b: c\n",
-    "a: plain\n  continued\n",  # multi-line plain
-    "a: 'open\n  close'\n",  # multi-line quoted
+    "a: plain\n  continued: x\n",  # a multi-line plain value that looks like a key
+    "a: plain\n  - item\n",  # ... or like a sequence
+    "a: 'open\nclose'\n",  # a quoted value's lines not indented under its key
+    "a: 'never closes\n  at all\n",
     "a: [1, 2\n",  # never closes
     "a:\n\tb: 1\n",  # tabs
     "a: |+\n  keep\n",
@@ -82,6 +90,18 @@ def test_spellings_read_as_pyyaml_reads_them(text: str) -> None:
 def test_what_it_cannot_read_exactly_is_refused_naming_the_line(text: str) -> None:
     with pytest.raises(YamlSubsetError, match=r"line \d+|end of file|longer"):
         yamlsubset.loads(text)
+
+
+def test_long_strings_as_yaml_safe_dump_writes_them() -> None:
+    """attune writes campaign.yaml with `yaml.safe_dump` (TTB's evidence): long strings fold over lines."""
+    words = ["alpha", "it's", 'say "hi"', "x:y", "#hash", "a-b", "q'q", "\\", "\u00e9", "end."]
+    for n in range(60):
+        text = " ".join(words[(n * 7 + i) % len(words)] for i in range(5 + n))
+        text += "\n\nsecond paragraph" if n % 5 == 0 else ""
+        doc = {"notes": text, "list": [text, {"k": text}], "deep": {"er": {"v": text}}}
+        for style in (None, "'", '"'):
+            dumped = yaml.safe_dump(doc, default_style=style, width=40)
+            assert yamlsubset.loads(dumped) == yaml.safe_load(dumped) == doc, dumped
 
 
 def test_the_control_plane_refuses_a_campaign_yaml_the_hooks_cannot_read(tmp_path: Path) -> None:

@@ -13,7 +13,9 @@ naming the line, never guessing:
   `1_000`, `012`, `1:30`, `2024-01-01`) is refused: quote it.
 
 Refused: anchors, aliases, tags, block scalars (`|`, `>`), directives, several documents, complex
-keys (`?`), duplicate keys, multi-line plain or quoted scalars, and anything else outside the subset.
+keys (`?`), duplicate keys, and anything else outside the subset. Multi-line quoted and plain scalars are
+read (folded as YAML folds them: what `yaml.safe_dump` writes for a long string) when their lines are
+indented under their key; a plain one whose lines hold ': ', ' #' or a leading '- ' is refused.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ _TRUE = ("true", "True", "TRUE", "yes", "Yes", "YES", "on", "On", "ON")
 _FALSE = ("false", "False", "FALSE", "no", "No", "NO", "off", "Off", "OFF")
 _REFUSED_START = "&*!|>%@`?"
 _DIGITS = "0123456789"
+_NUMERIC_CHARS = _DIGITS + "_:.eE+-tTzZ "  # what YAML 1.1 numbers and timestamps are made of
 _ESCAPES = {"0": "\0", "a": "\a", "b": "\b", "t": "\t", "\t": "\t", "n": "\n", "v": "\v", "f": "\f",
             "r": "\r", "e": "\x1b", " ": " ", '"': '"', "/": "/", "\\": "\\", "N": "\x85", "_": "\xa0",
             "L": "\u2028", "P": "\u2029"}
@@ -66,6 +69,8 @@ def _number(s: str, where: str) -> int | float | None:
     if dot and _digits(whole) and (frac == "" or _digits(frac)) and (
             not e or (exp[:1] in ("+", "-") and _digits(exp[1:]))):
         return float(s)
+    if body[:2] not in ("0x", "0X", "0b", "0o") and any(c not in _NUMERIC_CHARS for c in body):
+        return None  # no YAML 1.1 int, float or timestamp holds such a letter: a string (a digest, `3a`)
     raise YamlSubsetError(f"{where}: {s!r} looks like a number or a date but is not one this reader resolves "
                           "exactly; quote it (or write a decimal number)")
 
@@ -96,6 +101,16 @@ def _quoted(s: str, i: int, where: str) -> tuple[str, int]:
     n = len(s)
     while j < n:
         c = s[j]
+        if c == "\n":  # a line break inside the scalar (loads joined its lines): YAML's folding
+            while out and out[-1] in " \t":
+                out.pop()
+            j, breaks = _fold(s, j)
+            out.append("\n" * breaks if breaks else " ")
+            continue
+        if c == "\\" and q == '"' and s[j + 1 : j + 2] == "\n":  # an escaped line break: no space
+            j, breaks = _fold(s, j + 1)
+            out.append("\n" * breaks)
+            continue
         if c == q:
             if q == "'" and s[j + 1 : j + 2] == "'":
                 out.append("'")
@@ -118,6 +133,103 @@ def _quoted(s: str, i: int, where: str) -> tuple[str, int]:
         out.append(c)
         j += 1
     raise YamlSubsetError(f"{where}: the quoted string does not close on its line")
+
+
+def _fold(s: str, j: int) -> tuple[int, int]:
+    """From the line break at s[j]: (the index of the next line's first non-blank character, the
+    number of empty lines between)."""
+    breaks = 0
+    while True:
+        j += 1
+        while j < len(s) and s[j] in " \t":
+            j += 1
+        if s[j : j + 1] != "\n":
+            return j, breaks
+        breaks += 1
+
+
+def _value_start(body: str, indent: int, where: str) -> tuple[int, int] | None:
+    """For a line `[- ...]key: value` or `- value`: (the column of the node that holds the value, the
+    index in `body` where the value starts); None for any other line."""
+    i, col = 0, indent
+    while body[i : i + 2] == "- ":
+        col = indent + i
+        i += 2
+        while body[i : i + 1] == " ":
+            i += 1
+    rest = body[i:]
+    if rest[:1] in ("'", '"'):
+        try:
+            _, j = _quoted(rest, 0, where)
+        except YamlSubsetError:
+            return (col, i) if i else None
+        if rest[j : j + 2] != ": ":
+            return (col, i) if i else None
+    else:
+        j = rest.find(": ")
+        if j < 0 or rest[:1] in "[{":
+            return (col, i) if i else None
+    v = i + j + 2
+    while body[v : v + 1] == " ":
+        v += 1
+    return indent + i, v
+
+
+def _multiline(raws: list[str], k: int, indent: int, where: str) -> tuple[str, int] | None:
+    """A quoted or plain scalar that continues on the raw lines after line k (each more indented than
+    the node that holds it), joined onto one line: (the line's content, the next raw line); None when
+    line k holds no such scalar."""
+    body = raws[k][indent:]
+    start = _value_start(body, indent, where)
+    if start is None or not body[start[1]:].strip():
+        return None
+    col, v = start
+    first = body[v:]
+    if first[:1] in ("'", '"'):
+        try:
+            _quoted(first, 0, where)
+            return None  # it closes on its line
+        except YamlSubsetError:
+            pass
+        text, j = first, k + 1
+        while j < len(raws):
+            raw = raws[j]
+            if raw.strip() and len(raw) - len(raw.lstrip(" ")) <= col:
+                break
+            text += "\n" + raw
+            j += 1
+            try:
+                value, end = _quoted(text, 0, where)
+            except YamlSubsetError:
+                continue
+            tail = text[end:].strip()
+            if tail and not tail.startswith("#"):
+                raise YamlSubsetError(f"{where}: unexpected text after a quoted string")
+            return body[:v] + _quote(value), j
+        raise YamlSubsetError(f"{where}: the quoted string does not close (or its lines are not indented "
+                              "under its key)")
+    if first[:1] in "[{#" + _REFUSED_START or " #" in first or "\t" in first:
+        return None
+    parts, j, empties = [first.rstrip()], k + 1, 0
+    while j < len(raws):
+        raw = raws[j]
+        line = raw.strip()
+        if not line:
+            empties += 1
+            j += 1
+            continue
+        if len(raw) - len(raw.lstrip(" ")) <= col or line.startswith("#"):
+            break
+        if ": " in line or line.endswith(":") or " #" in line or line.startswith("- ") or "\t" in line:
+            raise YamlSubsetError(f"line {j + 1}: a multi-line plain value with ': ', ' #' or a leading "
+                                  "'- ' in it: quote it")
+        parts.append("\n" * empties if empties else " ")
+        parts.append(line)
+        empties = 0
+        j += 1
+    if len(parts) == 1:
+        return None
+    return body[:v] + _quote("".join(parts)), j - empties
 
 
 def _strip_comment(line: str, where: str) -> str:
@@ -402,18 +514,22 @@ def loads(text: str) -> Any:
         body = raw.lstrip(" ")
         if body.startswith("\t") and body.strip():
             raise YamlSubsetError(f"{where}: indent with spaces, not tabs")
+        indent = len(raw) - len(body)
+        joined = _multiline(raws, num - 1, indent, where) if body.strip() else None
+        if joined is not None:
+            body, k = joined
         content = _strip_comment(body, where)
         if not content:
             continue
         head, _, indicator = content.rpartition(" ")
         if indicator in _BLOCK_INDICATORS and (head.endswith(":") or head == "-" or head.endswith(" -")):
-            value, k = _block_scalar(raws, num - 1, len(raw) - len(body), indicator, where)
+            value, k = _block_scalar(raws, num - 1, indent, indicator, where)
             content = f"{head} {_quote(value)}"
         if content in ("---", "...") or content.startswith(("--- ", "%")):
             if content == "---" and not lines and raw == content:
                 continue
             raise YamlSubsetError(f"{where}: directives and several documents are not read here")
-        lines.append((num, len(raw) - len(body), content))
+        lines.append((num, indent, content))
     if not lines:
         return None
     block = _Block(lines)
