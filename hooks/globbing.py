@@ -11,6 +11,12 @@ Bracket classes (`[[:alpha:]]` and the rest) use Python's Unicode character pred
 compare code points (globasciiranges). Constructs whose meaning depends on the locale (`[=a=]`,
 `[.a.]`) and a wildcard component starting with `.` (bash versions differ on matching `.` and `..`)
 raise `Unsupported`. Standard library only; imported only when a command holds a pattern.
+
+Kept for its semantics, not its speed: the `glob` and `fnmatch` modules do not expand as bash does
+(`[^a]` is a literal `^` there, `[[:alpha:]]` is unknown, nothing bounds the entries a pattern reads),
+and tests/test_globbing.py holds this module to bash on 33 patterns. (`import glob` also costs about
+21 ms, twice a bare interpreter's start, on each call whose command holds a pattern: `python3 -X
+importtime -I -S -c "import glob"`.)
 """
 
 from __future__ import annotations

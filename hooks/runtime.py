@@ -164,135 +164,29 @@ def run_hook(event: str, decide: Callable[[HookRun], dict[str, Any] | None],
 # ---------------------------------------------------------------- policy.yaml
 
 
-def _scalar(text: str, where: str) -> str:
-    from hooks import hookjson as json
-
-    text = text.strip()
-    if not text:
-        raise PolicyFileError(f"{where}: empty value")
-    if text[0] in "'\"":
-        q = text[0]
-        if len(text) < 2 or text[-1] != q:
-            raise PolicyFileError(f"{where}: unterminated quoted string {text!r}")
-        inner = text[1:-1]
-        if q == '"':
-            try:
-                return json.loads(text)
-            except ValueError as exc:
-                raise PolicyFileError(f"{where}: bad double-quoted string {text!r} ({exc})") from None
-        return inner.replace("''", "'")
-    if text[0] in "[]{}&*!|>%@`":
-        raise PolicyFileError(f"{where}: a plain value may not start with {text[0]!r}; quote it")
-    return text
-
-
-def _strip_comment(line: str) -> str:
-    quote = None
-    for i, ch in enumerate(line):
-        if quote:
-            if ch == quote:
-                quote = None
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "#" and (i == 0 or line[i - 1] in " \t"):
-            return line[:i]
-    return line
-
-
-def _flow_list(text: str, where: str) -> list[str]:
-    inner = text.strip()[1:-1].strip()
-    if not inner:
-        return []
-    items, buf, quote = [], [], None
-    for ch in inner:
-        if quote:
-            buf.append(ch)
-            if ch == quote:
-                quote = None
-        elif ch in "'\"":
-            quote = ch
-            buf.append(ch)
-        elif ch == ",":
-            items.append(_scalar("".join(buf), where))
-            buf = []
-        else:
-            buf.append(ch)
-    if quote:
-        raise PolicyFileError(f"{where}: unterminated quoted string in a list")
-    items.append(_scalar("".join(buf), where))
-    return items
-
-
-def _parse_policy_json(text: str, name: str) -> dict[str, list[str]]:
-    """policy.yaml written as a JSON object."""
-    from hooks import hookjson as json
+def parse_policy(text: str, name: str = POLICY_FILE) -> dict[str, list[str]]:
+    """policy.yaml (YAML in the core's strict subset, or a JSON object, which is YAML too): each key one of
+    POLICY_KEYS, its value a string or a list of strings; raises PolicyFileError naming the line or key."""
+    from attune.core import yamlsubset
 
     try:
-        obj = json.loads(text)
-    except ValueError as exc:
-        raise PolicyFileError(f"{name}: not valid JSON ({exc})") from None
-    if not isinstance(obj, dict):
-        raise PolicyFileError(f"{name}: expected an object")
+        data = yamlsubset.loads(text)
+    except yamlsubset.YamlSubsetError as exc:
+        raise PolicyFileError(f"{name} {exc}") from None  # "policy.yaml line 3: ..."
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise PolicyFileError(f"{name}: expected 'key: value' lines (or a JSON object)")
     out: dict[str, list[str]] = {}
-    for key, val in obj.items():
+    for key, val in data.items():
         where = f"{name}: {key}"
         if key not in POLICY_KEYS:
-            raise PolicyFileError(f"{where}: unknown key; expected one of {', '.join(POLICY_KEYS)}")
-        if isinstance(val, str):
-            val = [val]
-        if not isinstance(val, list) or not all(isinstance(v, str) and v for v in val):
-            raise PolicyFileError(f"{where}: expected a list of non-empty strings")
-        out[key] = list(val)
-    return out
-
-
-def _key_line(line: str, where: str, out: dict[str, list[str]]) -> str | None:
-    """A `key: value` line: its values into `out`; the key when list items may follow it, else None."""
-    key, sep, rest = line.partition(":")
-    key = key.strip()
-    if not sep:
-        raise PolicyFileError(f"{where}: expected 'key: value'")
-    if key not in POLICY_KEYS:
-        raise PolicyFileError(f"{where}: unknown key {key!r}; expected one of {', '.join(POLICY_KEYS)}")
-    if key in out:
-        raise PolicyFileError(f"{where}: key {key!r} given twice")
-    rest = rest.strip()
-    if not rest:
-        out[key] = []
-        return key
-    if rest.startswith("["):
-        if not rest.endswith("]"):
-            raise PolicyFileError(f"{where}: a [list] must close on the same line")
-        out[key] = _flow_list(rest, where)
-    else:
-        out[key] = [_scalar(rest, where)]
-    return None
-
-
-def parse_policy(text: str, name: str = POLICY_FILE) -> dict[str, list[str]]:
-    """Parse policy.yaml's subset (or a JSON object); raises PolicyFileError naming the line."""
-    if text.lstrip().startswith("{"):
-        return _parse_policy_json(text, name)
-    out: dict[str, list[str]] = {}
-    current: str | None = None
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        where = f"{name} line {lineno}"
-        if "\t" in raw[: len(raw) - len(raw.lstrip())]:
-            raise PolicyFileError(f"{where}: indent with spaces, not tabs")
-        line = _strip_comment(raw).rstrip()
-        if not line.strip():
-            continue
-        if line.strip() == "---" and not out:
-            continue
-        if line[0] not in " -":
-            current = _key_line(line, where, out)
-            continue
-        item = line.strip()
-        if not item.startswith("- ") and item != "-":
-            raise PolicyFileError(f"{where}: expected a list item '- value' under a key")
-        if current is None:
-            raise PolicyFileError(f"{where}: a list item must follow a 'key:' line")
-        out[current].append(_scalar(item[1:], where))
+            raise PolicyFileError(f"{where}: unknown key {key!r}; expected one of {', '.join(POLICY_KEYS)}")
+        vals = [] if val is None else [val] if isinstance(val, str) else val
+        if not isinstance(vals, list) or not all(isinstance(v, str) and v for v in vals):
+            raise PolicyFileError(f"{where}: expected a list of non-empty strings (quote a value that reads as "
+                                  "a number, a boolean or null)")
+        out[key] = list(vals)
     return out
 
 

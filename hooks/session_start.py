@@ -26,8 +26,27 @@ def _h(x):
     return "unknown" if x is None else f"{x:.4g}"
 
 
+def _spec_facts(path):
+    """model, framework and accelerator (cluster.accelerator) of a campaign.yaml, read with the core's
+    strict YAML subset as the control plane reads it; {} when it cannot be read."""
+    from attune.core import yamlsubset
+
+    try:
+        data = yamlsubset.load_file(path)
+    except (OSError, UnicodeDecodeError, yamlsubset.YamlSubsetError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    cluster = data.get("cluster")
+    found = {"model": data.get("model"), "framework": data.get("framework"),
+             "accelerator": cluster.get("accelerator") if isinstance(cluster, dict) else None}
+    return {k: str(v) for k, v in found.items() if isinstance(v, (str, int, float)) and not isinstance(v, bool)
+            and str(v)}
+
+
 def _facts(text, keys=("model", "framework", "accelerator")):
-    """Top-level `key: value` lines (a line scan: hooks have no YAML parser)."""
+    """A summary's first `key: value` lines (the facts attune.app.summary writes at the top of notes/
+    summary.md: Markdown, not YAML, so a line scan)."""
     out = {}
     for line in text.splitlines()[:400]:
         if line[:1] in (" ", "\t", "#") or ":" not in line:
@@ -50,10 +69,7 @@ def _read(path, limit=65536):
 def prior_summaries(campaign):
     """Summaries of earlier campaigns on the same model (first) or stack (framework and accelerator):
     notes/summary.md of sibling campaign directories, and *.md files of $ATTUNE_HISTORY_DIR."""
-    spec = _read(os.path.join(campaign, "campaign.yaml"))
-    if spec is None:
-        return []
-    me = _facts(spec)
+    me = _spec_facts(os.path.join(campaign, "campaign.yaml"))
     if not me.get("model"):
         return []
     found = []
@@ -68,7 +84,7 @@ def prior_summaries(campaign):
             continue
         text = _read(os.path.join(d, "notes", "summary.md"))
         if text:
-            facts = _facts(_read(os.path.join(d, "campaign.yaml")) or "") or _facts(text)
+            facts = _spec_facts(os.path.join(d, "campaign.yaml")) or _facts(text)
             found.append((os.path.join(d, "notes", "summary.md"), facts, text))
     history = os.environ.get(HISTORY_ENV)
     if history:

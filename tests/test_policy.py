@@ -371,13 +371,15 @@ def test_policy_file_extends_but_never_opens_protected(setup: tuple[Path, Path],
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("commands: [a\n", "must close on the same line"),
+        ("commands: [a\n", "line 1: a [...] or {...} that does not close"),
         ("shell: everything\n", "unknown key 'shell'"),
-        ("read_paths:\n  - 'open\n", "unterminated"),
-        ("  - x\n", "must follow a 'key:' line"),
-        ("commands: *alias\n", "may not start with"),
-        ('{"commands": 3}', "list of non-empty strings"),
-        ("commands: [a]\ncommands: [b]\n", "given twice"),
+        ("read_paths:\n  - 'open\n", "line 2: the quoted string does not close"),
+        ("  - x\n", "expected 'key: value' lines"),
+        ("commands: *alias\n", "line 1: '*alias': anchors, aliases"),
+        ('{"commands": 3}', "commands: expected a list of non-empty strings"),
+        ("commands: [a]\ncommands: [b]\n", "line 2: key 'commands' given twice"),
+        ("commands: yes\n", "quote a value that reads as a number, a boolean or null"),
+        ("commands:\n  - a\n  -\n", "commands: expected a list of non-empty strings"),
     ],
 )
 def test_bad_policy_file_is_refused_with_its_line(text: str, message: str) -> None:

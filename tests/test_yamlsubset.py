@@ -196,3 +196,17 @@ def test_a_builtin_list_name_gives_working_gate_tools_through_the_launcher(tmp_p
     text = json.dumps(res.structured_content or [c.model_dump() for c in res.content])
     assert "llama31-405b" in text or "llama" in text.lower()
     assert "ListError" not in text and "no correctness list" not in text
+
+
+def test_session_start_reads_the_spec_facts_with_the_subset(tmp_path: Path) -> None:
+    """The SessionStart hook's facts (model, framework, cluster.accelerator) come from the subset reader,
+    so a flow-style cluster and a folded string read as the control plane reads them."""
+    from hooks import session_start
+
+    p = tmp_path / "campaign.yaml"
+    p.write_text("model: glm-4.5  # the model\nframework: 'megatron-lm'\ncluster: {backend: sim, accelerator: B200}\n"
+                 "notes: a long note that yaml.safe_dump\n  folds over lines\n")
+    assert session_start._spec_facts(str(p)) == {"model": "glm-4.5", "framework": "megatron-lm", "accelerator": "B200"}
+    p.write_text("model: &m x\n")  # outside the subset: no facts, never a guess
+    assert session_start._spec_facts(str(p)) == {}
+    assert session_start._spec_facts(str(tmp_path / "missing.yaml")) == {}
