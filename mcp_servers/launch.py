@@ -15,6 +15,9 @@ that failure instead of building again (for FAILURE_TTL_S; `--provision` always 
 runs in a detached process, so it completes even if Claude Code kills the launcher. The plugin's own
 code is not installed: the server runs from the plugin directory (PYTHONPATH), so the environment
 only changes when the dependencies do.
+The data directory and the environment protocol (marker, lock, log, failure record, the build
+steps) are attune/core/venvs.py's, the one the workload's environment (attune/control/workenv.py)
+uses too; it is standard library only, like this launcher.
 
 A warm start (the environment is ready) execs the server at once. On a first start the launcher
 does not make Claude Code wait: it speaks MCP itself while the environment builds, answering
@@ -44,7 +47,6 @@ shows the server as failed). Standard library only; stdout is left to the MCP tr
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -57,11 +59,11 @@ from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script (.mcp.json): the plugin root holds attune's server list
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from attune.core import plugin_servers  # noqa: E402 - after the path, when run as a script
+from attune.core import plugin_servers, venvs  # noqa: E402 - after the path, when run as a script
 from attune.core.errors import PluginServerError
 
 SERVERS = {name: plugin_servers.module(name) for name in plugin_servers.SERVERS}
-MARKER = ".attune-ready"
+MARKER = venvs.MARKER  # the data directory and environment protocol: attune/core/venvs.py
 MIN_PYTHON = (3, 11)
 LOCK_WAIT_S = 1200
 FAILURE_TTL_S = 120.0  # a build that failed this recently is reported, not repeated, by the other servers
@@ -89,11 +91,7 @@ def plugin_root() -> Path:
 
 
 def data_dir() -> Path:
-    env = os.environ.get("CLAUDE_PLUGIN_DATA")
-    if env:
-        return Path(env)
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "attune"
+    return venvs.data_root()
 
 
 def read_project(root: Path) -> tuple[str, list[str]]:
@@ -139,28 +137,12 @@ def python_tag() -> str:
     return os.path.basename(py)
 
 
-def venv_python(venv: Path) -> Path:
-    return venv / "bin" / "python"
-
-
-def is_ready(venv: Path) -> bool:
-    py = venv_python(venv)
-    return (venv / MARKER).is_file() and os.access(py, os.X_OK)
-
-
-def failure_path(venv: Path) -> Path:
-    return venv.parent / f"{venv.name}.failed.json"
+venv_python, is_ready, failure_path = venvs.python_in, venvs.is_ready, venvs.failure_path
 
 
 def record_failure(venv: Path, exc: ProvisionError) -> None:
-    data = {"step": exc.step, "detail": exc.detail, "log": str(exc.log) if exc.log else None, "fix": FIX,
-            "at": time.time(), "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    try:
-        tmp = failure_path(venv).with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1) + "\n")
-        os.replace(tmp, failure_path(venv))
-    except OSError:
-        pass
+    venvs.write_failure(venv, {"step": exc.step, "detail": exc.detail, "log": str(exc.log) if exc.log else None,
+                               "fix": FIX, "when": time.strftime("%Y-%m-%dT%H:%M:%S")})
 
 
 def recorded_failure(root: Path | None = None, max_age_s: float | None = None) -> dict | None:
@@ -171,50 +153,23 @@ def recorded_failure(root: Path | None = None, max_age_s: float | None = None) -
         return {"step": exc.step, "detail": exc.detail, "log": None, "fix": FIX, "at": time.time()}
     if is_ready(venv):
         return None
-    try:
-        data = json.loads(failure_path(venv).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict):
+    data = venvs.read_failure(venv)
+    if data is None:
         return None
     if max_age_s is not None and time.time() - float(data.get("at") or 0) > max_age_s:
         return None
     return data
 
 
-def _run(cmd: list[str], log: Path, step: str, deadline: float) -> None:
-    with open(log, "ab") as fh:
-        fh.write(f"\n$ {' '.join(cmd)}\n".encode())
-        fh.flush()
-        try:
-            proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  timeout=max(1.0, deadline - time.monotonic()))
-        except FileNotFoundError as exc:
-            raise ProvisionError(step, f"{exc}", log) from None
-        except subprocess.TimeoutExpired:
-            raise ProvisionError(step, "timed out (ATTUNE_PROVISION_TIMEOUT)", log) from None
-    if proc.returncode != 0:
-        raise ProvisionError(step, f"exit status {proc.returncode}", log)
-
-
 def build(venv: Path, deps: list[str], log: Path) -> None:
     """Create the environment at `venv` and install `deps` into it (no marker)."""
-    timeout = float(os.environ.get("ATTUNE_PROVISION_TIMEOUT", "900"))
-    deadline = time.monotonic() + timeout
-    py = base_python()
-    if venv.exists():
-        shutil.rmtree(venv)
+    deadline = time.monotonic() + float(os.environ.get("ATTUNE_PROVISION_TIMEOUT", "900"))
     uv = None if os.environ.get("ATTUNE_NO_UV") else shutil.which("uv")
-    if uv:
-        _run([uv, "venv", "--quiet", "--python", py, str(venv)], log, "uv venv", deadline)
-        if deps:
-            _run([uv, "pip", "install", "--quiet", "--python", str(venv_python(venv)), *deps], log,
-                 "uv pip install", deadline)
-    else:
-        _run([py, "-m", "venv", str(venv)], log, "python3 -m venv", deadline)
-        if deps:
-            _run([str(venv_python(venv)), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                  "--no-input", *deps], log, "pip install", deadline)
+    try:
+        venvs.create(venv, deps, base_python(), deadline, uv=uv)
+    except venvs.VenvBuildError as exc:
+        detail = exc.detail + (" (ATTUNE_PROVISION_TIMEOUT)" if exc.detail == "timed out" else "")
+        raise ProvisionError(exc.step, detail, exc.log or log) from None
 
 
 def target(root: Path) -> tuple[str, list[str], str, Path]:
@@ -237,44 +192,38 @@ def provision(root: Path | None = None, retry: bool = True) -> Path:
         data.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ProvisionError("creating the plugin data directory", f"{data}: {exc}") from None
-    log = data / f"{venv.name}.log"
-    with open(data / f"{venv.name}.lock", "a+b") as lock:
-        waited = 0.0
-        while True:
-            try:
-                fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if waited == 0.0:
-                    say(f"another start is provisioning {venv}; waiting for it")
-                if waited > LOCK_WAIT_S:
-                    raise ProvisionError("waiting for another start's provisioning",
-                                         f"still locked after {LOCK_WAIT_S}s", log) from None
-                time.sleep(0.2)
-                waited += 0.2
-        if is_ready(venv):  # the start that held the lock built it
-            return venv
-        recent = None if retry else recorded_failure(root, FAILURE_TTL_S)
-        if recent is not None:
-            raise ProvisionError(str(recent.get("step")), str(recent.get("detail")),
-                                 Path(recent["log"]) if recent.get("log") else None)
-        say(f"first start of attune {version}: installing its Python dependencies into {venv} "
-            f"({'uv' if shutil.which('uv') and not os.environ.get('ATTUNE_NO_UV') else 'pip'}; log {log})")
-        t0 = time.monotonic()
-        with open(log, "ab") as fh:
-            fh.write(f"\n== provisioning attune {version} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
-        try:
-            build(venv, deps, log)
-        except ProvisionError as exc:
-            record_failure(venv, exc)
-            raise
-        failure_path(venv).unlink(missing_ok=True)
-        marker = {"version": version, "dependencies": deps, "python": tag,
-                  "seconds": round(time.monotonic() - t0, 1), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        tmp = venv / (MARKER + ".tmp")
-        tmp.write_text(json.dumps(marker, indent=1) + "\n")
-        os.replace(tmp, venv / MARKER)
-        say(f"environment ready in {marker['seconds']}s")
+    log = venvs.log_path(venv)
+    try:
+        with venvs.locked(venv, LOCK_WAIT_S, lambda: say(f"another start is provisioning {venv}; waiting for it")):
+            return _provision_locked(root, version, deps, tag, venv, retry)
+    except venvs.VenvBuildError as exc:
+        raise ProvisionError("waiting for another start's provisioning", exc.detail, log) from None
+
+
+def _provision_locked(root: Path, version: str, deps: list[str], tag: str, venv: Path, retry: bool) -> Path:
+    """`provision` under the environment's build lock."""
+    log = venvs.log_path(venv)
+    if is_ready(venv):  # the start that held the lock built it
+        return venv
+    recent = None if retry else recorded_failure(root, FAILURE_TTL_S)
+    if recent is not None:
+        raise ProvisionError(str(recent.get("step")), str(recent.get("detail")),
+                             Path(recent["log"]) if recent.get("log") else None)
+    say(f"first start of attune {version}: installing its Python dependencies into {venv} "
+        f"({'uv' if shutil.which('uv') and not os.environ.get('ATTUNE_NO_UV') else 'pip'}; log {log})")
+    t0 = time.monotonic()
+    with open(log, "ab") as fh:
+        fh.write(f"\n== provisioning attune {version} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+    try:
+        build(venv, deps, log)
+    except ProvisionError as exc:
+        record_failure(venv, exc)
+        raise
+    failure_path(venv).unlink(missing_ok=True)
+    marker = {"version": version, "dependencies": deps, "python": tag,
+              "seconds": round(time.monotonic() - t0, 1), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    venvs.write_marker(venv, marker)
+    say(f"environment ready in {marker['seconds']}s")
     return venv
 
 

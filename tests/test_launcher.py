@@ -53,11 +53,11 @@ def _plugin(tmp: Path, dep: str) -> Path:
     (root / "fakesrv").mkdir(parents=True)
     (root / "mcp_servers").mkdir()
     (root / "mcp_servers" / "launch.py").write_bytes(LAUNCH.read_bytes())
-    (root / "attune" / "core").mkdir(parents=True)  # the launcher reads the server list from attune/core/plugin_servers.py
+    (root / "attune" / "core").mkdir(parents=True)  # the launcher reads the server list and venv protocol from the core
     (root / "attune" / "__init__.py").write_text("")
     (root / "attune" / "core" / "__init__.py").write_text("")
-    (root / "attune" / "core" / "plugin_servers.py").write_bytes(
-        (ROOT / "attune" / "core" / "plugin_servers.py").read_bytes())
+    for kit in ("plugin_servers.py", "errors.py", "venvs.py"):  # the stdlib-only core the launcher imports
+        (root / "attune" / "core" / kit).write_bytes((ROOT / "attune" / "core" / kit).read_bytes())
     (root / "fakesrv" / "__init__.py").write_text("")
     (root / "fakesrv" / "echo_server.py").write_text(SERVER)
     (root / "pyproject.toml").write_text(

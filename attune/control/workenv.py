@@ -22,7 +22,6 @@ control plane refuses a launch (code `environment`) with that reason before anyt
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -36,8 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from attune.control.spec import CampaignSpec
+from attune.core import venvs
 
-MARKER = ".attune-ready"
+MARKER = venvs.MARKER  # the data directory and environment protocol: attune/core/venvs.py
 CHECK_TIMEOUT_S = 120.0
 BUILD_TIMEOUT_S = float(os.environ.get("ATTUNE_WORKLOAD_BUILD_TIMEOUT", "1800"))
 _checked: dict[tuple[str, float, tuple[str, ...]], tuple[bool, str, float]] = {}
@@ -69,26 +69,13 @@ class EnvStatus:
         return asdict(self)
 
 
-def data_root() -> Path:
-    env = os.environ.get("CLAUDE_PLUGIN_DATA")
-    if env:
-        return Path(env)
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "attune"
-
-
 def build_dir(packages: list[str]) -> Path:
     tag = f"{sys.implementation.name}-{sys.version_info[0]}.{sys.version_info[1]}"
     key = hashlib.sha256(json.dumps([sorted(packages), tag]).encode()).hexdigest()[:12]
-    return data_root() / f"workload-{key}"
+    return venvs.data_root() / f"workload-{key}"
 
 
-def _python_in(venv: Path) -> Path:
-    return venv / "bin" / "python"
-
-
-def is_ready(venv: Path) -> bool:
-    return (venv / MARKER).is_file() and os.access(_python_in(venv), os.X_OK)
+is_ready = venvs.is_ready
 
 
 def can_import(python: str, imports: list[str]) -> tuple[bool, str]:
@@ -159,21 +146,21 @@ def status(spec: CampaignSpec, campaign_dir: Path | str) -> EnvStatus:
     base.directory = str(venv)
     base.log = str(venv.parent / f"{venv.name}.log")
     if is_ready(venv):
-        py = str(_python_in(venv))
+        py = str(venvs.python_in(venv))
         ok, why = can_import(py, imports)
         if ok:
             return EnvStatus("ready", py, "built", imports, packages, directory=str(venv))
         base.reason = f"the built environment {venv} cannot import the workload's modules ({why})"
         base.fix = f"delete {venv} and build it again (the broker's workload_environment tool, build: true)"
         return base
-    if _building(venv):
+    if venvs.is_locked(venv):
         base.state = "building"
         base.reason = f"attune is building the workload's environment ({', '.join(packages)}) in {venv}"
         base.progress = _tail(Path(base.log))
         base.elapsed_s = _elapsed(venv)
         base.fix = "wait for it: call workload_environment again to follow its progress"
         return base
-    failed = _failure(venv)
+    failed = venvs.read_failure(venv)
     if failed is not None:
         base.state = "failed"
         base.reason = f"building the workload's environment failed: {failed.get('detail')}"
@@ -189,36 +176,11 @@ def status(spec: CampaignSpec, campaign_dir: Path | str) -> EnvStatus:
     return base
 
 
-def _lock_path(venv: Path) -> Path:
-    return venv.parent / f"{venv.name}.lock"
-
-
-def _building(venv: Path) -> bool:
-    lock = _lock_path(venv)
-    if not lock.exists():
-        return False
-    with open(lock, "a+b") as fh:
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-    return False
-
-
 def _elapsed(venv: Path) -> float | None:
     try:
-        return round(time.time() - (venv.parent / f"{venv.name}.started").stat().st_mtime, 1)
+        return round(time.time() - venvs.started_path(venv).stat().st_mtime, 1)
     except OSError:
         return None
-
-
-def _failure(venv: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads((venv.parent / f"{venv.name}.failed.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def start_build(spec: CampaignSpec, campaign_dir: Path | str) -> EnvStatus:
@@ -228,51 +190,37 @@ def start_build(spec: CampaignSpec, campaign_dir: Path | str) -> EnvStatus:
         return st
     venv = Path(st.directory)
     venv.parent.mkdir(parents=True, exist_ok=True)
-    (venv.parent / f"{venv.name}.failed.json").unlink(missing_ok=True)
-    (venv.parent / f"{venv.name}.started").write_text(time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
+    venvs.failure_path(venv).unlink(missing_ok=True)
+    venvs.started_path(venv).write_text(time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
     with open(venv.parent / f"{venv.name}.builder.err", "ab") as err:
         subprocess.Popen([sys.executable, "-m", "attune.control.workenv", str(venv), json.dumps(st.packages)],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
                          cwd=str(Path(__file__).resolve().parents[2]),
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     deadline = time.monotonic() + 10.0
-    while time.monotonic() < deadline and not _building(venv) and not is_ready(venv) and _failure(venv) is None:
+    while (time.monotonic() < deadline and not venvs.is_locked(venv) and not is_ready(venv)
+           and venvs.read_failure(venv) is None):
         time.sleep(0.05)
     return status(spec, campaign_dir)
 
 
 def build(venv: Path, packages: list[str]) -> None:
     """Build `venv` with `packages` (under its lock; a marker last). Raises RuntimeError on failure."""
-    log = venv.parent / f"{venv.name}.log"
-    with open(_lock_path(venv), "a+b") as lock:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+    log = venvs.log_path(venv)
+    with venvs.locked(venv):
         if is_ready(venv):
             return
-        deadline = time.monotonic() + BUILD_TIMEOUT_S
         with open(log, "ab") as fh:
             fh.write(f"\n== building the workload environment at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
                      f"{' '.join(packages)}\n".encode())
         t0 = time.monotonic()
-        try:
-            if venv.exists():
-                shutil.rmtree(venv)
-            steps = [("creating the environment", [sys.executable, "-m", "venv", str(venv)]),
-                     ("pip install", [str(_python_in(venv)), "-m", "pip", "install", "--progress-bar", "off",
-                                      "--disable-pip-version-check", "--no-input", *packages])]
-            for step, cmd in steps:
-                with open(log, "ab") as fh:
-                    fh.write(f"$ {' '.join(cmd)}\n".encode())
-                    fh.flush()
-                    p = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       timeout=max(1.0, deadline - time.monotonic()))
-                if p.returncode != 0:
-                    raise RuntimeError(f"{step}: exit status {p.returncode} (log {log})")
-        except (OSError, subprocess.TimeoutExpired, RuntimeError) as exc:
-            detail = str(exc) if isinstance(exc, RuntimeError) else f"{type(exc).__name__}: {exc}"
-            (venv.parent / f"{venv.name}.failed.json").write_text(json.dumps(
-                {"detail": detail, "log": str(log), "at": time.time()}) + "\n")
+        try:  # pip's progress lines stay in the log: they are the progress shown to the caller
+            venvs.create(venv, packages, sys.executable, t0 + BUILD_TIMEOUT_S, quiet=False)
+        except venvs.VenvBuildError as exc:
+            detail = f"{exc.step}: {exc.detail} (log {log})"
+            venvs.write_failure(venv, {"detail": detail, "log": str(log)})
             raise RuntimeError(detail) from None
-        (venv / MARKER).write_text(json.dumps({"packages": packages, "seconds": round(time.monotonic() - t0, 1)}) + "\n")
+        venvs.write_marker(venv, {"packages": packages, "seconds": round(time.monotonic() - t0, 1)})
         with open(log, "ab") as fh:
             fh.write(f"== ready in {time.monotonic() - t0:.0f}s\n".encode())
 
