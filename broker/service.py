@@ -27,7 +27,8 @@ The request and answer shapes are broker/wire.py's models (shared with the broke
 handler has one signature, `(Call) -> Reply`: the campaign, path parameters, query and body in, the
 status, the answer (a wire model) and the audit reason out; `ROUTES` maps the routes to them.
 
-A monitor thread polls every campaign's runs in flight (start, hang watchdog, finish).
+A monitor thread polls every campaign's runs in flight and hands what the backend says of each to the
+control plane's run lifecycle (attune/control/lifecycle.py: start, hang watchdog, finish, shipping).
 """
 
 from __future__ import annotations
