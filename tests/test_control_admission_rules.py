@@ -123,3 +123,13 @@ def _costed(c: Control, kind: str) -> AdmitContext:
     ctx = _ctx(c, LaunchRequest(kind=kind))  # type: ignore[arg-type]
     assert plane.rule_expected_cost(ctx) is None and ctx.expected is not None
     return ctx
+
+
+def test_the_agent_cannot_ask_for_the_shipping_steps_run_kinds(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    c = Control(make_campaign(tmp_path))
+    for kind in ("check", "remeasure"):
+        with pytest.raises(ValidationError):
+            c.admit({"kind": kind, "of": "baseline"})  # what the broker passes on: the agent's request model
+    assert not any(r.type == "launch_admitted" for r in ledger.read(c.dir).rows)
