@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -176,9 +176,9 @@ class ParallelDims:
         return {"tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep, "etp": self.etp, "vp": self.vp,
                 "dp": self.dp}
 
-    def flags(self, moe: bool = True) -> dict[str, int]:
-        """The degrees as flags (EP and ETP only for a MoE model)."""
-        return {f: getattr(self, d) for d, f in DEGREE_FLAGS.items() if moe or d not in ("ep", "etp")}
+    def flags(self, dims: Iterable[str] = tuple(DEGREE_FLAGS)) -> dict[str, int]:
+        """The degrees `dims` (default: all but DP) as flags, in that order."""
+        return {DEGREE_FLAGS[d]: getattr(self, d) for d in dims}
 
     def problems(self, *, layers: int | None = None, heads: int | None = None, groups: int | None = None,
                  experts: int | None = None, moe_ffn: int | None = None, seq_length: int | None = None,
