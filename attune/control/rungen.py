@@ -22,8 +22,6 @@ Everything here is pure: no files, no processes, no ledger.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
-import json
 import math
 import os
 import re
@@ -32,9 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attune.control.spec import ArgValue, CampaignSpec, is_env_name
+from attune.control.spec import CampaignSpec, is_env_name
 from attune.core.containment import inside
 from attune.core.job import JobSpec
+from attune.core.recipe import ArgValue, Recipe, render_args
+from attune.core.recipe import norm_value as _norm
 
 # The flags that pin the workload's shape, per framework: (sequence length, global batch, steps).
 PINNED_FLAGS: dict[str, dict[str, str]] = {
@@ -145,36 +145,6 @@ def parse_changes(obj: Any) -> Changes:
     return Changes(args, env)
 
 
-def render_value(value: ArgValue) -> list[str]:
-    """How one flag's value appears on the command line (after the flag)."""
-    if value is True:
-        return []
-    if isinstance(value, float):
-        return [repr(value)]
-    if isinstance(value, str) and value.split() and len(value.split()) > 1:
-        return value.split()  # a list-valued flag (nargs="+"): "0 16 32" is three words on the command line
-    return [str(value)]
-
-
-def render_args(args: Mapping[str, ArgValue]) -> list[str]:
-    out: list[str] = []
-    for flag, value in args.items():
-        if value is None or value is False:
-            continue
-        out.append(flag)
-        out.extend(render_value(value))
-    return out
-
-
-def _norm(value: ArgValue) -> Any:
-    """A value as the command line sees it: 4 and "4" are the same; None and False both mean absent."""
-    if value is None or value is False:
-        return None
-    if value is True:
-        return True
-    return render_value(value)[0]
-
-
 def _looks_like_path(piece: str) -> bool:
     return "/" in piece or piece.startswith("~") or piece in (".", "..")
 
@@ -224,6 +194,7 @@ class RunGenerator:
     def __init__(self, spec: CampaignSpec) -> None:
         self.spec = spec
         self.baseline = spec.baseline
+        self.base_recipe = Recipe(dict(spec.baseline.args), dict(spec.baseline.env))
         pinned = PINNED_FLAGS.get(spec.framework, {})
         self.pinned_flags = set(pinned.values())
         self.fixed_args = set(spec.control.stack_fixes.args)
@@ -269,59 +240,23 @@ class RunGenerator:
     # --- recipes ----------------------------------------------------------------------------
     def apply(self, changes: Changes) -> tuple[dict[str, ArgValue], dict[str, str]]:
         """The recipe the full `changes` make of the baseline: (args, env)."""
-        args = dict(self.baseline.args)
-        for k, v in changes.args.items():
-            if v is None or v is False:
-                args.pop(k, None)
-            else:
-                args[k] = v
-        env = dict(self.baseline.env)
-        for k, v in changes.env.items():
-            if v is None:
-                env.pop(k, None)
-            else:
-                env[k] = v
-        return args, env
+        r = self.base_recipe.with_changes(changes.args, changes.env)
+        return dict(r.args), dict(r.env)
 
     def diff(self, args: Mapping[str, ArgValue], env: Mapping[str, str]) -> Changes:
         """The difference of a recipe from the baseline (None marks a removed flag or variable)."""
-        base_args = {k: _norm(v) for k, v in self.baseline.args.items() if _norm(v) is not None}
-        out_args: dict[str, ArgValue] = {}
-        for k, v in args.items():
-            if _norm(v) is None:
-                continue
-            if base_args.get(k) != _norm(v):
-                out_args[k] = v
-        for k in base_args:
-            if _norm(args.get(k)) is None:
-                out_args[k] = None
-        out_env: dict[str, str | None] = {k: v for k, v in env.items() if self.baseline.env.get(k) != v}
-        for k in self.baseline.env:
-            if k not in env:
-                out_env[k] = None
-        return Changes(dict(sorted(out_args.items())), dict(sorted(out_env.items())))
+        return Changes(*Recipe(args, env).diff(self.base_recipe))
 
     def candidate(self, base: Changes, edits: Changes, profile: bool) -> GeneratedRecipe:
         """Compose `edits` onto the recipe `base` (a difference from the baseline)."""
         self.check_edits(edits)
-        args, env = self.apply(base)
-        for k, v in edits.args.items():
-            if v is None or v is False:
-                args.pop(k, None)
-            else:
-                args[k] = v
-        for k, v in edits.env.items():
-            if v is None:
-                env.pop(k, None)
-            else:
-                env[k] = v
-        full = self.diff(args, env)
-        return GeneratedRecipe(full, args, env, profile, self.recipe_key(args, env, profile))
+        r = self.base_recipe.with_changes(base.args, base.env).with_changes(edits.args, edits.env, profile)
+        args, env = dict(r.args), dict(r.env)
+        return GeneratedRecipe(self.diff(args, env), args, env, profile, r.key)
 
     def recipe_key(self, args: Mapping[str, ArgValue], env: Mapping[str, str], profile: bool) -> str:
-        norm_args = {k: _norm(v) for k, v in args.items() if _norm(v) is not None}
-        body = {"args": dict(sorted(norm_args.items())), "env": dict(sorted(env.items())), "profile": bool(profile)}
-        return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+        """The recipe's identity (`attune.core.recipe.Recipe.key`)."""
+        return Recipe(args, env, profile).key
 
     # --- jobs -------------------------------------------------------------------------------
     def placeholders(self, run_dir: Path) -> dict[str, Any]:

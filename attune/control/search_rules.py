@@ -33,19 +33,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from attune.control.spec import CampaignSpec
+from attune.core.recipe import LAYOUT_FLAGS, MICRO_BATCH_FLAG, ParallelDims, Recipe, as_int, norm_value
 from attune.core.state import CampaignState, RunState
 from attune.core.vocab import RunKind, RunOutcome, Verdict
 
-ArgValue = Any
-LAYOUT_FLAGS = {
-    "tp": "--tensor-model-parallel-size",
-    "pp": "--pipeline-model-parallel-size",
-    "cp": "--context-parallel-size",
-    "ep": "--expert-model-parallel-size",
-    "etp": "--expert-tensor-parallel-size",
-    "vp": "--num-virtual-stages-per-pipeline-rank",
-    "mbs": "--micro-batch-size",
-}
 DIMENSIONS = ("tp", "pp", "ep", "cp", "dp")
 RECOMPUTE_RANK = {None: 0, "none": 0, "selective": 1, "full": 2}
 OFFLOAD_FLAGS = ("--optimizer-cpu-offload", "--cpu-offloading")
@@ -95,20 +86,9 @@ def enforced(state: CampaignState) -> bool:
 
 def recipe(spec: CampaignSpec, changes: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, str]]:
     """A run's full arguments and environment: the baseline with the run's changes applied."""
-    args = dict(spec.baseline.args)
-    env = dict(spec.baseline.env)
     ch = changes or {}
-    for k, v in (ch.get("args") or {}).items():
-        if v is None or v is False:
-            args.pop(k, None)
-        else:
-            args[k] = v
-    for k, v in (ch.get("env") or {}).items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = str(v)
-    return args, env
+    r = Recipe(spec.baseline.args, spec.baseline.env).with_changes(ch.get("args"), ch.get("env"))
+    return dict(r.args), dict(r.env)
 
 
 def leader_recipe(spec: CampaignSpec, state: CampaignState) -> tuple[dict[str, Any], dict[str, str]]:
@@ -116,21 +96,9 @@ def leader_recipe(spec: CampaignSpec, state: CampaignState) -> tuple[dict[str, A
     return recipe(spec, run.changes if run is not None else None)
 
 
-def _int(v: Any, default: int) -> int:
-    if v is None or v is False or v is True:
-        return default
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return default
-
-
 def degrees(args: Mapping[str, Any], gpus: int) -> dict[str, int]:
-    """The parallel degrees a recipe's arguments set (DP derived from the GPU count)."""
-    d = {k: _int(args.get(f), 1) for k, f in LAYOUT_FLAGS.items()}
-    d["etp"] = _int(args.get(LAYOUT_FLAGS["etp"]), d["tp"])
-    d["dp"] = max(1, gpus // max(1, d["tp"] * d["pp"] * d["cp"]))
-    return d
+    """The parallel degrees a recipe's arguments set (DP derived from the GPU count) and its micro batch."""
+    return {**ParallelDims.from_args(args, gpus).as_dict(), "mbs": as_int(args.get(MICRO_BATCH_FLAG), 1)}
 
 
 def layout_key(args: Mapping[str, Any], gpus: int) -> tuple[int, ...]:
@@ -203,10 +171,7 @@ def _coupled(spec: CampaignSpec) -> dict[str, frozenset[str]]:
 def changed_names(a_args: Mapping[str, Any], a_env: Mapping[str, str], b_args: Mapping[str, Any],
                   b_env: Mapping[str, str]) -> list[str]:
     """Flags and variables whose value differs between two recipes."""
-    def norm(v: Any) -> Any:
-        return None if v is None or v is False else str(v)
-
-    out = [k for k in sorted(set(a_args) | set(b_args)) if norm(a_args.get(k)) != norm(b_args.get(k))]
+    out = [k for k in sorted(set(a_args) | set(b_args)) if norm_value(a_args.get(k)) != norm_value(b_args.get(k))]
     out += [k for k in sorted(set(a_env) | set(b_env)) if a_env.get(k) != b_env.get(k)]
     return out
 
@@ -314,7 +279,7 @@ def _at_limit(spec: CampaignSpec, flag: str, value: Any, feasible: dict[str, lis
             return True
     dim = next((d for d, f in LAYOUT_FLAGS.items() if f == flag), None)
     if feasible and dim in feasible and feasible[dim]:
-        v = _int(value, -1)
+        v = as_int(value, -1)
         return v in (min(feasible[dim]), max(feasible[dim]))
     return False
 
@@ -344,7 +309,7 @@ def _feasible_degrees(model: str, gpus: int, gpn: int, seq: int | None, gbs: int
 
 
 def feasible_degrees(spec: CampaignSpec) -> dict[str, list[int]] | None:
-    mbs = _int(spec.baseline.args.get("--micro-batch-size"), 1)
+    mbs = as_int(spec.baseline.args.get("--micro-batch-size"), 1)
     return _feasible_degrees(spec.model, spec.cluster.gpus, spec.cluster.gpus_per_node, spec.workload.seq_length,
                              spec.workload.global_batch, mbs)
 

@@ -22,8 +22,9 @@ from typing import Any
 from attune.control import shipping
 from attune.control.campaign import campaign_lock
 from attune.control.plane import Control, FinalRunRequest, LaunchAnswer, load_gate_list
-from attune.control.rungen import Changes, render_value, substitute
+from attune.control.rungen import Changes, substitute
 from attune.core.campaign_paths import RUN_JOB, RUN_LOG, SHIPPED_DIR, SHIPPED_EVIDENCE
+from attune.core.recipe import render_value
 from attune.core.state import CampaignState, RunState
 from attune.core.vocab import RunOutcome
 

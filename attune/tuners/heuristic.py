@@ -19,13 +19,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from attune.core.recipe import DEGREE_FLAG_NAMES, Recipe
 from attune.core.vocab import RunOutcome
-from attune.tuners.base import ArgValue, Candidate, Outcome, Tuner, recipe_key
+from attune.tuners.base import ArgValue, Candidate, Outcome, Tuner
 
 MEMORY_SAVERS: dict[str, ArgValue] = {"--recompute-granularity": "full", "--recompute-activations": True}
-LAYOUT_FLAGS = frozenset({"--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
-                          "--expert-model-parallel-size", "--expert-tensor-parallel-size",
-                          "--num-virtual-stages-per-pipeline-rank"})
 FULL_RECOMPUTE: dict[str, ArgValue] = {"--recompute-granularity": "full", "--recompute-method": "uniform",
                                        "--recompute-num-layers": 1}
 Coupler = Callable[[dict[str, ArgValue], str, ArgValue], "dict[str, ArgValue] | None"]
@@ -66,8 +64,9 @@ class HeuristicTuner(Tuner):
         couple: Coupler | None = None,
         extra_baseline: dict[str, ArgValue] | None = None,
         memory_retry: bool | None = None,
+        base: Recipe | None = None,
     ) -> None:
-        super().__init__(space, baseline, seed)
+        super().__init__(space, baseline, seed, base)
         # Flags outside the space that a coupled move may set (the pipeline split, recompute details).
         self.extra = {k: v for k, v in (extra_baseline or {}).items() if k not in space}
         self.baseline = {**self.extra, **baseline}
@@ -93,7 +92,7 @@ class HeuristicTuner(Tuner):
         self.current_lever: str | None = None
         self.improved_this_pass = False
         self.pending_retry: deque[Candidate] = deque()
-        self.tried.add(recipe_key({}))
+        self.tried.add(self.key({}))
         self._lever_iter: deque[str] = deque()
         self._start_pass()
 
@@ -109,7 +108,7 @@ class HeuristicTuner(Tuner):
     def _values_to_try(self, lever: str) -> list[ArgValue]:
         values = list(self.space[lever])
         cur = self._value(lever)
-        if cur is None and lever in LAYOUT_FLAGS:
+        if cur is None and lever in DEGREE_FLAG_NAMES:
             cur = 1  # an unset parallel degree is 1: trying 1 would measure the leader again
         if cur in values:
             i = values.index(cur)
@@ -134,7 +133,7 @@ class HeuristicTuner(Tuner):
         if "--recompute-granularity" in self.space or self.memory_retry:
             full = _recompute_fixup(full, self.baseline)
         changes = self.diff(full)
-        key = recipe_key(changes)
+        key = self.key(changes)
         if key in self.tried:
             return None
         self.tried.add(key)
@@ -183,7 +182,7 @@ class HeuristicTuner(Tuner):
         moved (its moves from the leader had no feasible layout, or its turn never came) is probed once,
         from the leader if a layout allows it, else from the baseline."""
         for lever in self.order:
-            if lever not in LAYOUT_FLAGS:
+            if lever not in DEGREE_FLAG_NAMES:
                 continue
             base = self.baseline.get(lever)
             base = 1 if base is None else base
@@ -206,13 +205,13 @@ class HeuristicTuner(Tuner):
             self.measured.append(lever)
         if outcome.outcome not in (RunOutcome.REFUSED, RunOutcome.INFRASTRUCTURE, RunOutcome.CANCELLED):
             full = self._full(candidate.changes)
-            for flag in LAYOUT_FLAGS & set(self.space):
+            for flag in DEGREE_FLAG_NAMES & set(self.space):
                 self.moved.setdefault(flag, set()).add(1 if full.get(flag) is None else full.get(flag))
         if outcome.promoted:
             old = self._value(lever)
             self.leader = dict(candidate.changes)
             self.improved_this_pass = True
-            self.restart = self.restart or lever in LAYOUT_FLAGS
+            self.restart = self.restart or lever in DEGREE_FLAG_NAMES
             if lever not in self.won:
                 self.won.append(lever)
             # Keep moving in the direction that won, drop the other direction.
@@ -239,8 +238,8 @@ class HeuristicTuner(Tuner):
                 "--recompute-granularity", self.baseline.get("--recompute-granularity")) != "full":
             # Give the layout its memory savings back (full recomputation) and measure it again.
             changes = self.diff(self._full({**candidate.changes, **FULL_RECOMPUTE}))
-            if recipe_key(changes) not in self.tried:
-                self.tried.add(recipe_key(changes))
+            if self.key(changes) not in self.tried:
+                self.tried.add(self.key(changes))
                 self.pending_retry.append(Candidate(
                     changes=changes, lever=lever,
                     hypothesis=(f"rule 5: {lever}={tok.get('value')} ran out of memory; add back full recomputation "
@@ -251,8 +250,8 @@ class HeuristicTuner(Tuner):
         for saver, val in MEMORY_SAVERS.items():
             if saver in self.space and candidate.changes.get(saver) != val and saver != lever:
                 changes = self.diff(self._full({**candidate.changes, saver: val}))
-                if recipe_key(changes) not in self.tried:
-                    self.tried.add(recipe_key(changes))
+                if self.key(changes) not in self.tried:
+                    self.tried.add(self.key(changes))
                     self.pending_retry.append(Candidate(
                         changes=changes, lever=lever,
                         hypothesis=f"rule 5: {lever} ran out of memory; add back {saver}={val} and measure again",

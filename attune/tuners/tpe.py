@@ -12,8 +12,9 @@ from collections.abc import Callable
 
 import optuna
 
+from attune.core.recipe import Recipe
 from attune.core.vocab import RunOutcome
-from attune.tuners.base import ArgValue, Candidate, Outcome, Tuner, recipe_key
+from attune.tuners.base import ArgValue, Candidate, Outcome, Tuner
 
 Prefilter = Callable[[dict[str, ArgValue]], str | None]  # returns a reason to skip, or None
 
@@ -29,8 +30,9 @@ class TPETuner(Tuner):
         n_startup_trials: int = 8,
         prefilter: Prefilter | None = None,
         max_skips: int = 200,
+        base: Recipe | None = None,
     ) -> None:
-        super().__init__(space, baseline, seed)
+        super().__init__(space, baseline, seed, base)
         optuna.logging.set_verbosity(logging.WARNING)
         sampler = optuna.samplers.TPESampler(
             seed=seed, multivariate=True, constant_liar=True, n_startup_trials=n_startup_trials
@@ -60,7 +62,7 @@ class TPETuner(Tuner):
                 return None
             trial, full = self._sample()
             changes = self.diff(full)
-            key = recipe_key(changes)
+            key = self.key(changes)
             if self._baseline_pending:
                 self._baseline_pending = False
                 self.tried.add(key)
@@ -84,7 +86,7 @@ class TPETuner(Tuner):
 
     def tell(self, candidate: Candidate, outcome: Outcome) -> None:
         trial = candidate.token
-        trial.set_user_attr("key", candidate.key)
+        trial.set_user_attr("key", self.key(candidate.changes))
         if outcome.outcome == RunOutcome.PRUNED:
             self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         else:
