@@ -96,7 +96,21 @@ class GeneratedRecipe:
 # ----------------------------------------------------------------------------------------- values
 
 
-def _check_value(where: str, value: Any) -> ArgValue:
+def _smuggles_option(value: str) -> bool:
+    """True when a flag value carries a word the job's argument parser would read as another option.
+
+    A value's words become separate command-line words (list-valued flags), so `"x --train-iters 9"`
+    would set a second, unchecked flag; a word starting with '-' is allowed only as a number."""
+    for word in value.split():
+        if word.startswith("-"):
+            try:
+                float(word)
+            except ValueError:
+                return True
+    return False
+
+
+def _check_value(where: str, value: Any, *, flag: bool = False) -> ArgValue:
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, int):
@@ -109,6 +123,12 @@ def _check_value(where: str, value: Any) -> ArgValue:
         if len(value) > MAX_VALUE_CHARS or any(c in value for c in "\x00\n\r"):
             raise RunGenError(
                 "bad_change", f"{where}: expected a one-line string of at most {MAX_VALUE_CHARS} characters"
+            )
+        if flag and _smuggles_option(value):
+            raise RunGenError(
+                "bad_change",
+                f"{where}: a value word starts with '-' and is not a number; it would be read as another "
+                "flag (set each flag under its own key)",
             )
         return value
     raise RunGenError(
@@ -134,7 +154,7 @@ def parse_changes(obj: Any) -> Changes:
             raise RunGenError("bad_change", (
                 f"changes.args: {str(k)[:120]!r} is not a flag name (expected --name of letters, digits, "
                 "'_', '-' and '.', at most 102 characters; a value goes in the value, not after '=')"))
-        args[k] = _check_value(f"changes.args[{k}]", v)
+        args[k] = _check_value(f"changes.args[{k}]", v, flag=True)
     env: dict[str, str | None] = {}
     for k, v in env_in.items():
         if not is_env_name(k):
