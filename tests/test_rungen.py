@@ -39,6 +39,11 @@ def test_recipe_identity_ignores_spelling_but_not_profiling() -> None:
     assert a.recipe_key == b.recipe_key != p.recipe_key
 
 
+def test_negative_numbers_stay_values() -> None:
+    changes = parse_changes({"args": {"--x": "-1", "--y": "0 -2.5 16"}})
+    assert changes.args == {"--x": "-1", "--y": "0 -2.5 16"}
+
+
 @pytest.mark.parametrize(
     ("changes", "code", "words"),
     [
@@ -59,11 +64,6 @@ def test_recipe_identity_ignores_spelling_but_not_profiling() -> None:
         ({"args": {"--x": "--seq-length=4096"}}, "bad_change", "read as another flag"),
     ],
 )
-def test_negative_numbers_stay_values() -> None:
-    changes = parse_changes({"args": {"--x": "-1", "--y": "0 -2.5 16"}})
-    assert changes.args == {"--x": "-1", "--y": "0 -2.5 16"}
-
-
 def test_refused_edits(changes: dict, code: str, words: str) -> None:
     with pytest.raises(RunGenError) as info:
         gen().candidate(Changes(), parse_changes(changes), False)
