@@ -243,6 +243,28 @@ def coupled_groups(spec: CampaignSpec, names: Iterable[str]) -> list[list[str]]:
     return groups
 
 
+def _forced_followers(spec: CampaignSpec, leader: Mapping[str, Any], args: Mapping[str, Any],
+                      names: list[str]) -> set[str]:
+    """Changed flags the framework's argument rules force (`attune.knowledge.coherence`): undoing the
+    change alone would make the recipe incoherent, so they move with the lever, not as a lever."""
+    from attune.knowledge.coherence import FOLLOWER_FLAGS, cohere
+
+    layers = _int(spec.baseline.args.get("--num-layers"), 0) or None
+    out: set[str] = set()
+    for n in names:
+        if n not in FOLLOWER_FLAGS:
+            continue
+        undone = {k: v for k, v in args.items() if k != n}
+        if leader.get(n) not in (None, False):
+            undone[n] = leader[n]
+        got = cohere(undone, layers=layers, before=leader).get(n)
+        want = args.get(n)
+        if (got in (None, False)) == (want in (None, False)) and str(got) == str(want) or (
+                got in (None, False) and want in (None, False)):
+            out.add(n)
+    return out
+
+
 def check_one_lever(spec: CampaignSpec, state: CampaignState, args: Mapping[str, Any],
                     env: Mapping[str, str]) -> Refusal | None:
     """Rule 2: the candidate changes one lever or one coupled set relative to the leader."""
@@ -251,7 +273,8 @@ def check_one_lever(spec: CampaignSpec, state: CampaignState, args: Mapping[str,
     l_args, l_env = leader_recipe(spec, state)
     profile = set(spec.control.profile_args)
     names = [n for n in changed_names(l_args, l_env, args, env) if n not in profile]
-    groups = coupled_groups(spec, names)
+    forced = _forced_followers(spec, l_args, args, names)
+    groups = coupled_groups(spec, [n for n in names if n not in forced] or names)
     if len(groups) <= 1:
         return None
     items = [" + ".join(g) + f" ({', '.join(sorted(set().union(*(levers_of(spec, n) for n in g))))})"
