@@ -82,7 +82,15 @@ def budget_exhausted(state: CampaignState) -> bool:
         return True
     left = b.search_remaining
     charges = [state.runs[r].charge_gpu_hours for r in state.calibration_run_ids if r in state.runs]
-    return left is not None and bool(charges) and left < sum(charges) / len(charges)
+    if left is not None and bool(charges) and left < sum(charges) / len(charges):
+        return True
+    # The control plane's own evidence: the last launch was a search run refused because its expected
+    # cost does not fit what is left, and nothing is in flight that could give budget back.
+    last = state.refusals[-1] if state.refusals else None
+    return (last is not None and last.get("code") == "budget" and last.get("kind") == RunKind.SEARCH
+            and not state.in_flight and last.get("seq", -1) > max(
+                (r.admitted_seq for r in state.runs.values() if getattr(r, "admitted_seq", None) is not None),
+                default=-1))
 
 
 def enforced(state: CampaignState) -> bool:
