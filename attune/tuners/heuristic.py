@@ -6,7 +6,8 @@ of its values fail to beat the leader, or when its values run out (rule 4); a pa
 with the degrees it forces (the factory's layout coupler: the nearest feasible layout). A candidate
 that runs out of memory is retried once with full recomputation added (rule 5). When a parallel
 degree wins, every lever is probed again from the new layout at once; after a pass that improved
-the leader, the levers that won before are re-tested on it first (rule 6). It stops, with evidence, when
+the leader, the levers that won before are re-tested on it first (rule 6). A layout is its placement degrees (TP, PP,
+CP, EP, expert TP): virtual stages schedule the same placement, so their win keeps what was learned. It stops, with evidence, when
 a full pass over the levers finds nothing that beats the leader.
 
 Levers are taken in the order of `priority` (the catalog's expected-gain order), else in the
@@ -26,6 +27,10 @@ MEMORY_SAVERS: dict[str, ArgValue] = {"--recompute-granularity": "full", "--reco
 LAYOUT_FLAGS = frozenset({"--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
                           "--expert-model-parallel-size", "--expert-tensor-parallel-size",
                           "--num-virtual-stages-per-pipeline-rank"})
+# The placement degrees: a layout is where ranks hold which shard. Virtual stages are the pipeline's
+# schedule on the same placement, not a degree: a lesson learned on a layout holds across them, and a
+# virtual-stage win does not re-probe every lever.
+DEGREE_FLAGS = LAYOUT_FLAGS - {"--num-virtual-stages-per-pipeline-rank"}
 FULL_RECOMPUTE: dict[str, ArgValue] = {"--recompute-granularity": "full", "--recompute-method": "uniform",
                                        "--recompute-num-layers": 1}
 Coupler = Callable[[dict[str, ArgValue], str, ArgValue], "dict[str, ArgValue] | None"]
@@ -124,7 +129,7 @@ class HeuristicTuner(Tuner):
     def _layout(self, changes: dict[str, ArgValue] | None = None) -> str:
         """The layout a recipe runs on (its parallel degrees): what a lever's lesson is kept against."""
         full = self._full(self.leader if changes is None else changes)
-        return recipe_key({f: (1 if full.get(f) in (None, False) else full.get(f)) for f in sorted(LAYOUT_FLAGS)})
+        return recipe_key({f: (1 if full.get(f) in (None, False) else full.get(f)) for f in sorted(DEGREE_FLAGS)})
 
     def _values_to_try(self, lever: str) -> list[ArgValue]:
         values = list(self.space[lever])
@@ -278,7 +283,7 @@ class HeuristicTuner(Tuner):
             self.leader = dict(candidate.changes)
             self.win_layout[lever] = self._layout()
             self.improved_this_pass = True
-            self.restart = self.restart or lever in LAYOUT_FLAGS
+            self.restart = self.restart or lever in DEGREE_FLAGS
             if lever not in self.won:
                 self.won.append(lever)
             # Keep moving in the direction that won, drop the other direction.
