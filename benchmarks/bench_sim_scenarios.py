@@ -22,7 +22,7 @@ gain, the budget fractions, and the averages. Targets (issue 23): heuristic >= 8
 average, >= tpe-prefilter, <= 50% of the budget. The simulated cluster is a test bed, not real GPUs.
 
     python benchmarks/bench_sim_scenarios.py [--seed 7] [--scenarios 10] [--tuners heuristic tpe-prefilter]
-        [--jobs N] [--json]
+        [--jobs N] [--json] [--table earlier.json]
 """
 
 from __future__ import annotations
@@ -217,6 +217,15 @@ def run_scenario(sc: dict[str, Any], tuners: list[str], root: str) -> dict[str, 
     return out
 
 
+def _pct(v: float | None, width: int, sign: bool = False) -> str:
+    return f"{'-':>{width}s}" if v is None else (f"{v:+{width}.1%}" if sign else f"{v:{width}.0%}")
+
+
+def _mean(values: list[float | None]) -> float | None:
+    got = [v for v in values if v is not None]
+    return statistics.fmean(got) if got else None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=7)
@@ -224,10 +233,16 @@ def main() -> int:
     ap.add_argument("--tuners", nargs="+", default=["heuristic", "tpe-prefilter"])
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--table", type=Path, help="print the table of an earlier --json output instead of running")
     ns = ap.parse_args()
     if ns.scenarios < 1:
         print("--scenarios: must be at least 1", file=sys.stderr)
         return 2
+    if ns.table is not None:
+        doc = json.loads(ns.table.read_text())
+        ns.seed, ns.json = doc["seed"], False
+        ns.tuners = [t for t in ("heuristic", "tpe-prefilter", "tpe", "random") if t in doc["rows"][0]]
+        return _print(doc["rows"], ns)
     scenarios = make_scenarios(ns.seed, ns.scenarios)
     shm = Path("/dev/shm")
     root = tempfile.mkdtemp(prefix="bench-scen-", dir=str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None)
@@ -236,6 +251,10 @@ def main() -> int:
             rows = list(pool.map(run_scenario, scenarios, [ns.tuners] * len(scenarios), [root] * len(scenarios)))
     else:
         rows = [run_scenario(sc, ns.tuners, root) for sc in scenarios]
+    return _print(rows, ns)
+
+
+def _print(rows: list[dict[str, Any]], ns: argparse.Namespace) -> int:
     h, other = ns.tuners[0], (ns.tuners[1] if len(ns.tuners) > 1 else None)
     for r in rows:
         r["ratio"] = (r[h]["gain"] / r["best"]) if r["best"] > 0 else None
@@ -253,20 +272,20 @@ def main() -> int:
         b = r["baseline_layout"]
         lay = f"{b['tensor']},{b['pipeline']},{b.get('expert') or '-'},{b['context']},{str(b['recompute'])[:4]}"
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
-        line = (f"{r['id']:4s} {r['model']:15s} {r['accelerator']:4s} {r['gpus']:4d} {lay:27s} {r['best']:+7.1%} "
-                f"{r[h]['gain']:+9.1%} {ratio:>6s} {r[h]['budget_fraction']:6.0%}")
+        line = (f"{r['id']:4s} {r['model']:15s} {r['accelerator']:4s} {r['gpus']:4d} {lay:27s} {_pct(r['best'], 7, True)} "
+                f"{_pct(r[h]['gain'], 9, True)} {ratio:>6s} {_pct(r[h]['budget_fraction'], 6)}")
         if other:
-            line += f" {r[other]['gain']:+13.1%} {r[other]['budget_fraction']:6.0%}"
+            line += f" {_pct(r[other]['gain'], 13, True)} {_pct(r[other]['budget_fraction'], 6)}"
         print(line)
-    ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
+    ratios: list[float | None] = [r["ratio"] for r in rows]
     mean_best = statistics.fmean(r["best"] for r in rows)
     mean_h = statistics.fmean(r[h]["gain"] for r in rows)
-    avg = (f"mean {'':49s} {mean_best:+7.1%} {mean_h:+9.1%} "
-           f"{(statistics.fmean(ratios) if ratios else float('nan')):6.2f} "
-           f"{statistics.fmean(r[h]['budget_fraction'] for r in rows):6.0%}")
+    mr = _mean(ratios)
+    avg = (f"mean {'':49s} {mean_best:+7.1%} {mean_h:+9.1%} {'-' if mr is None else f'{mr:.2f}':>6s} "
+           f"{_pct(_mean([r[h]['budget_fraction'] for r in rows]), 6)}")
     if other:
         avg += (f" {statistics.fmean(r[other]['gain'] for r in rows):+13.1%} "
-                f"{statistics.fmean(r[other]['budget_fraction'] for r in rows):6.0%}")
+                f"{_pct(_mean([r[other]['budget_fraction'] for r in rows]), 6)}")
     print(avg)
     print(f"heuristic / best, mean of gains: {mean_h / mean_best if mean_best > 0 else float('nan'):.2f}; "
           f"own stops: {sum('nothing more' in (r[h]['stop'] or '') for r in rows)}/{len(rows)}; "
