@@ -245,7 +245,17 @@ def load_gate_list(spec: CampaignSpec, campaign_dir: Path, list_sha256: str | No
     if loaded is None or (pinned is not None and pinned != digest):
         loaded = load_list(path, expected_sha256=pinned)  # validates (and refuses a changed list)
         _LISTS[(str(path), loaded.sha256)] = loaded
-    return loaded
+    return campaign_list(spec, loaded)
+
+
+def campaign_list(spec: CampaignSpec, loaded: Any) -> Any:
+    """The list as it applies to this campaign: world size and batch geometry are the campaign's
+    (`gate.lists.for_campaign`), so a list written for another GPU count does not refuse every candidate."""
+    from gate.lists import for_campaign
+
+    w = spec.workload
+    return for_campaign(loaded, {"world_size": spec.cluster.gpus, "seq_length": w.seq_length,
+                                 "global_batch_size": w.global_batch})
 
 
 def check_candidate(

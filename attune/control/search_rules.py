@@ -73,7 +73,15 @@ def budget_exhausted(state: CampaignState) -> bool:
         return True
     left = b.search_remaining
     charges = [state.runs[r].charge_gpu_hours for r in state.calibration_run_ids if r in state.runs]
-    return left is not None and bool(charges) and left < sum(charges) / len(charges)
+    if left is not None and bool(charges) and left < sum(charges) / len(charges):
+        return True
+    # The control plane's own evidence: the last launch was a search run refused because its expected
+    # cost does not fit what is left, and nothing is in flight that could give budget back.
+    last = state.refusals[-1] if state.refusals else None
+    return (last is not None and last.get("code") == "budget" and last.get("kind") == RunKind.SEARCH
+            and not state.in_flight and last.get("seq", -1) > max(
+                (r.admitted_seq for r in state.runs.values() if getattr(r, "admitted_seq", None) is not None),
+                default=-1))
 
 
 def enforced(state: CampaignState) -> bool:
@@ -208,6 +216,28 @@ def coupled_groups(spec: CampaignSpec, names: Iterable[str]) -> list[list[str]]:
     return groups
 
 
+def _forced_followers(spec: CampaignSpec, leader: Mapping[str, Any], args: Mapping[str, Any],
+                      names: list[str]) -> set[str]:
+    """Changed flags the framework's argument rules force (`attune.knowledge.coherence`): undoing the
+    change alone would make the recipe incoherent, so they move with the lever, not as a lever."""
+    from attune.knowledge.coherence import FOLLOWER_FLAGS, cohere
+
+    layers = as_int(spec.baseline.args.get("--num-layers"), 0) or None
+    out: set[str] = set()
+    for n in names:
+        if n not in FOLLOWER_FLAGS:
+            continue
+        undone = {k: v for k, v in args.items() if k != n}
+        if leader.get(n) not in (None, False):
+            undone[n] = leader[n]
+        got = cohere(undone, layers=layers, before=leader).get(n)
+        want = args.get(n)
+        if (got in (None, False)) == (want in (None, False)) and str(got) == str(want) or (
+                got in (None, False) and want in (None, False)):
+            out.add(n)
+    return out
+
+
 def check_one_lever(spec: CampaignSpec, state: CampaignState, args: Mapping[str, Any],
                     env: Mapping[str, str]) -> Refusal | None:
     """Rule 2: the candidate changes one lever or one coupled set relative to the leader."""
@@ -216,7 +246,8 @@ def check_one_lever(spec: CampaignSpec, state: CampaignState, args: Mapping[str,
     l_args, l_env = leader_recipe(spec, state)
     profile = set(spec.control.profile_args)
     names = [n for n in changed_names(l_args, l_env, args, env) if n not in profile]
-    groups = coupled_groups(spec, names)
+    forced = _forced_followers(spec, l_args, args, names)
+    groups = coupled_groups(spec, [n for n in names if n not in forced] or names)
     if len(groups) <= 1:
         return None
     items = [" + ".join(g) + f" ({', '.join(sorted(set().union(*(levers_of(spec, n) for n in g))))})"

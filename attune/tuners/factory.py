@@ -14,7 +14,9 @@ from typing import Any
 
 from attune.control.spec import CampaignSpec
 from attune.core.recipe import DEGREE_FLAGS, Recipe, as_int
+from attune.knowledge.coherence import COUPLED_FLAGS, cohere
 from attune.tuners.base import ArgValue, Tuner
+from attune.tuners.coherent import model_layers
 from attune.tuners.heuristic import HeuristicTuner
 from attune.tuners.knobs import KNOB_PRIORITY, KnobSpace
 from attune.tuners.prefilter import memory_prefilter
@@ -199,14 +201,36 @@ def _heuristic(spec: CampaignSpec, seed: int, max_passes: int, knobs: KnobSpace 
     order, hypotheses = catalog_guidance(spec, list(space))
     couple = layout_coupler(spec)
     extra = {}
-    for f in (*SPLIT_FLAGS, *RECOMPUTE_FLAGS, "--recompute-granularity", *COUPLED_DEGREE_FLAGS.values()):
+    for f in (*SPLIT_FLAGS, *RECOMPUTE_FLAGS, "--recompute-granularity", *COUPLED_DEGREE_FLAGS.values(), *COUPLED_FLAGS):
         if f not in space:
             v = spec.baseline.args.get(f)
             extra[f] = None if v is False else v
+    layers = model_layers(spec)
+
+    def coherent(full: dict[str, ArgValue], before: dict[str, ArgValue]) -> dict[str, ArgValue]:
+        return cohere(full, layers=layers, before=before)
+
     return HeuristicTuner(space, baseline, seed=seed, priority=order, hypotheses=hypotheses,
                           max_passes=max_passes, couple=couple, extra_baseline=extra,
                           memory_retry=spec.framework == "megatron-lm" or "--recompute-granularity" in space,
-                          base=_base(spec, knobs))
+                          base=_base(spec, knobs), cohere=coherent if spec.framework == "megatron-lm" else None,
+                          fits=memory_fit(spec))
+
+
+def memory_fit(spec: CampaignSpec) -> Callable[[dict[str, ArgValue]], bool | None] | None:
+    """The skill's memory estimate as an ordering hint: a recipe's full flags -> fits (None: no estimate)."""
+    from attune.tuners.prefilter import recipe_memory
+
+    if memory_prefilter(spec)[0] is None:
+        return None
+
+    def fits(full: dict[str, ArgValue]) -> bool | None:
+        flags = {k: v for k, v in full.items() if k.startswith("--")}
+        args = {k: v for k, v in {**spec.baseline.args, **flags}.items() if v not in (None, False)}
+        est, _ = recipe_memory(spec, args)
+        return None if est is None else est.fits
+
+    return fits
 
 
 def _space(spec: CampaignSpec, knobs: KnobSpace | None) -> tuple[dict[str, list[ArgValue]], dict[str, ArgValue]]:

@@ -44,9 +44,17 @@ class TPETuner(Tuner):
         if prefilter is not None:
             self.name = "tpe-prefilter"
         # The baseline is the first trial: its value is known from calibration (the driver tells it).
-        base = {k: baseline.get(k, space[k][0]) for k in space}
-        self.study.enqueue_trial({k: base[k] for k in space}, skip_if_exists=True)
-        self._baseline_pending = True
+        # A flag the baseline leaves unset (or sets to a value the space does not list) has no choice to
+        # enqueue: the baseline is then not a point of the space, and TPE starts from its own draws.
+        base: dict[str, ArgValue] = {}
+        for k, values in space.items():
+            v = baseline.get(k)
+            same = [c for c in values if str(c) == str(v)] if v is not None else [c for c in values if c is None]
+            if same:
+                base[k] = same[0]
+        self._baseline_pending = len(base) == len(space)
+        if self._baseline_pending:
+            self.study.enqueue_trial(base, skip_if_exists=True)
         self.size = 1
         for values in space.values():
             self.size *= len(values)
