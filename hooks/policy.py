@@ -633,35 +633,54 @@ class Policy:
         problem = self.read_problem(path, "searches")
         if problem:
             return deny(f"{tool} denied: {problem}", path)
-        root = self.real(path)
-        if tool == "Glob":  # the pattern's literal leading folders narrow where it can reach
-            lead = []
-            for part in str(tool_input.get("pattern") or "").replace("\\", "/").split("/")[:-1]:
-                if not part or any(c in part for c in "*?[{") or part.startswith("."):
-                    break
-                lead.append(part)
-            root = os.path.realpath(os.path.join(root, *lead)) if lead else root
-        closed = [u for u in self.unreadable if u != root and inside(u, root)]
-        if closed:
-            # The search would descend into a closed place (hidden directories are searched too): the
-            # token, keys or data would be in its results. Search a folder below, or a file.
-            return deny(f"{tool} denied: {path} holds {closed[0]}, closed to searches; search a folder "
-                        "inside it (notes/, runs/) or one file", path)
+        reach = [self.real(path)]
         for key in ("pattern", "glob") if tool == "Glob" else ("glob",):
             pat = tool_input.get(key)
             if not isinstance(pat, str) or not pat:
                 continue
-            parts = pat.replace("\\", "/").split("/")
-            if ".." in parts:
-                return deny(f"{tool} denied: the pattern {pat!r} climbs out with '..'", path)
-            if any(p.startswith(".") and p not in (".",) for p in parts[:-1]):
-                return deny(f"{tool} denied: the pattern {pat!r} names a hidden directory", path)
+            problem = _pattern_problem(pat)
+            if problem:
+                return deny(f"{tool} denied: the pattern {pat!r} {problem}", path)
             if os.path.isabs(pat):
-                cut = min([i for i, c in enumerate(pat) if c in "*?[{"] or [len(pat)])
-                problem = self.read_problem(os.path.dirname(pat[:cut]) or "/", "searches")
+                top = _literal_dir(pat)
+                problem = self.read_problem(top, "searches")
                 if problem:
                     return deny(f"{tool} denied: {problem}", pat)
+                if tool == "Glob" and key == "pattern":
+                    reach[0] = top  # an absolute pattern searches from its own folder, not the path
+                else:
+                    reach.append(top)
+            elif tool == "Glob" and key == "pattern":  # its literal leading folders narrow where it reaches
+                reach[0] = os.path.realpath(os.path.join(reach[0], _literal_dir(pat)))
+        for top in reach:
+            closed = [u for u in self.unreadable if u != top and inside(u, top)]
+            if closed:
+                # The search would descend into a closed place (hidden directories are searched too): the
+                # token, keys or data would be in its results. Search a folder below, or a file.
+                return deny(f"{tool} denied: {top} holds {closed[0]}, closed to searches; search a folder "
+                            "inside it (notes/, runs/) or one file", path)
         return allow(f"{tool} inside the allow-list", path)
+
+
+def _pattern_problem(pat: str) -> str | None:
+    """What is wrong with a search pattern: climbing out, or naming a hidden folder."""
+    parts = pat.replace("\\", "/").split("/")
+    if ".." in parts:
+        return "climbs out with '..'"
+    if any(p.startswith(".") and p != "." for p in parts[:-1]):
+        return "names a hidden directory"
+    return None
+
+
+def _literal_dir(pat: str) -> str:
+    """The folder a pattern's literal leading part names ('' for none; '/' at least for an absolute one)."""
+    lead: list[str] = []
+    for part in pat.replace("\\", "/").split("/")[:-1]:
+        if any(c in part for c in "*?[{") or part.startswith("."):
+            break
+        lead.append(part)
+    out = "/".join(lead)
+    return (out or "/") if pat.startswith("/") else out
 
 
 def _ledger_keys_dirs() -> list[str]:

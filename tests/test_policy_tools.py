@@ -89,3 +89,10 @@ def test_free_is_allowed(policy: Policy) -> None:
     for cmd in ("free -g", "free -h", "free"):
         assert policy.decide("Bash", {"command": cmd}).decision == "allow", cmd
     assert policy.decide("Bash", {"command": "free -s 1"}).decision == "deny"
+
+
+def test_an_absolute_glob_is_judged_by_its_own_folder(policy: Policy) -> None:
+    camp = policy.campaign
+    assert policy.decide("Glob", {"pattern": f"{camp}/**", "path": f"{camp}/notes"}).decision == "deny"
+    assert policy.decide("Glob", {"pattern": f"{camp}/notes/*.md"}).decision == "allow"
+    assert policy.decide("Glob", {"pattern": "/etc/**"}).decision == "deny"

@@ -250,9 +250,7 @@ def add_lesson(
     accepted_file = p
     if pending:
         p = pending_path(p)
-    rule = _clean(rule) if isinstance(rule, str) else rule
-    applies_when = _clean(applies_when) if isinstance(applies_when, str) else applies_when
-    evidence = _clean(evidence) if isinstance(evidence, str) else evidence
+    rule, applies_when, evidence = (_clean(x) if isinstance(x, str) else x for x in (rule, applies_when, evidence))
     entry: dict[str, Any] = {"lever": lever, "rule": " ".join(rule.split()) if isinstance(rule, str) else rule}
     if applies_when:
         entry["applies_when"] = " ".join(applies_when.split())
