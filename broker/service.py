@@ -62,6 +62,7 @@ from starlette.routing import Route
 from attune.control.campaign import RecordError
 from attune.control.plane import ControlError
 from attune.control.spec import SpecError
+from attune.core import ledger as ledger_mod
 from attune.core.campaign_paths import (
     AUDIT_FILE,
     BROKER_DIR,
@@ -472,6 +473,13 @@ def _campaign(c: Call) -> Reply:
     return Reply(200, campaign_summary(c.campaign))
 
 
+def _verify_ledger(c: Call) -> Reply:
+    """The ledger checked by the broker, with the key no agent may read (`attune ledger verify` without it)."""
+    rep = ledger_mod.verify(c.campaign.dir).as_dict()
+    out = answer(wire.LedgerVerification, {k: rep.get(k) for k in wire.LedgerVerification.model_fields})
+    return Reply(200, out, "ledger verified" if out.ok else f"ledger verification failed: {out.problem}")
+
+
 def _launch(c: Call) -> Reply:
     out = c.campaign.admit(c.parse_body(wire.LaunchRequest))  # the control plane's answer, served as it is
     if not out.admitted:
@@ -588,6 +596,7 @@ class RouteSpec(NamedTuple):
 ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("/v1/health", "health", _health, ("GET",), auth=False),
     RouteSpec("/v1/campaign", "campaign_status", _campaign, ("GET",)),
+    RouteSpec("/v1/ledger/verify", "verify_ledger", _verify_ledger, ("GET",)),
     RouteSpec("/v1/runs", "launch", _launch, ("POST",)),
     RouteSpec("/v1/runs", "list_runs", _list_runs, ("GET",)),
     RouteSpec("/v1/runs/{run_id}", "run_status", _run_status, ("GET",)),

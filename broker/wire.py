@@ -354,6 +354,19 @@ class StopRefused(_Answer):
     refusals: list[StopBlocker]
 
 
+class LedgerVerification(_Answer):
+    """GET /v1/ledger/verify: the broker checks the ledger with its key (which the agent never sees)."""
+
+    ok: bool
+    rows: int
+    authenticated: bool = Field(description="every row's MAC checked with the campaign's key, not only the chain")
+    torn_tail: bool = False
+    problem: str | None = None
+    error: str | None = None
+    last_hash: str | None = None
+    note: str | None = None
+
+
 class CampaignSummary(_Answer):
     """GET /v1/campaign."""
 

@@ -54,7 +54,7 @@ PLACEHOLDERS = ("gpus", "gpus_per_node", "nodes", "run_dir")
 MAX_VALUE_CHARS = 4096
 # A candidate's flag names: --name, then letters, digits, '_', '-', '.' (no '=', no spaces, no quotes).
 CANDIDATE_FLAG = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}")
-# A value is split on these into pieces; each piece that looks like a path is confined.
+# A value is split on these into pieces; every piece is confined as a path (see confine_paths).
 _PATH_SPLIT = re.compile(r"[,;:=\s]+")
 
 
@@ -165,18 +165,18 @@ def parse_changes(obj: Any) -> Changes:
     return Changes(args, env)
 
 
-def _looks_like_path(piece: str) -> bool:
-    return "/" in piece or piece.startswith("~") or piece in (".", "..")
-
-
 def confine_paths(changes: Changes, run_dir: Path, workdir: Path, ctx: Mapping[str, Any]) -> None:
-    """Refuse a candidate whose flag or variable values name a path outside the run's own directory.
+    """Refuse a candidate whose flag or variable values could name a path outside the run's own directory.
 
     The rule, for every flag and variable the candidate sets (listed or not): its value (after the
-    placeholders are filled) is split on ',', ';', ':', '=' and white space; every piece that looks
-    like a path (it contains '/', starts with '~', or is '.' or '..') is resolved (a relative one
-    against the job's working directory, symbolic links followed) and must land inside the run's own
-    directory. `~` is never expanded. Write `{run_dir}/name` to name a file of the run."""
+    placeholders are filled) is split on ',', ';', ':', '=' and white space, and *every* piece is taken
+    for a path, whatever its spelling: a bare name (`policy.yaml`, `ledger.jsonl`) as much as one with a
+    '/'. A relative piece is resolved against the run's directory, which is the job's working directory
+    on every backend, symbolic links followed, and must land inside it; an absolute one must name a
+    place inside it too; `~` is never expanded and is refused. A word that is no path at all (`full`,
+    `4`, `Ring`) resolves inside the run and passes. `workdir` (the code's directory) is no base for
+    a candidate's paths: jobs do not run there. Write `{run_dir}/name` or a bare `name`."""
+    del workdir  # kept in the signature: callers pass the campaign's code directory
     base = os.path.realpath(run_dir)
     items = [(f"changes.args[{k}]", v) for k, v in changes.args.items()]
     items += [(f"changes.env[{k}]", v) for k, v in changes.env.items()]
@@ -185,17 +185,30 @@ def confine_paths(changes: Changes, run_dir: Path, workdir: Path, ctx: Mapping[s
             continue
         text = substitute(value, ctx)
         for piece in _PATH_SPLIT.split(text):
-            if not piece or not _looks_like_path(piece):
+            if not piece:
                 continue
             if piece.startswith("~"):
                 raise RunGenError("path_outside_run", (
                     f"{where}: {piece!r} names a home directory; a path in a candidate's value must be inside the "
                     "run's own directory (write {run_dir}/name)"))
-            real = os.path.realpath(os.path.join(workdir, piece))
+            real = os.path.realpath(os.path.join(base, piece))
             if not inside(real, base):
                 raise RunGenError("path_outside_run", (
                     f"{where}: {piece!r} resolves to {real}, outside the run's own directory: a path in a "
                     "candidate's value must be inside it (write {run_dir}/name)"))
+
+
+def job_command(command: list[str] | tuple[str, ...], ctx: Mapping[str, Any], workdir: Path) -> list[str]:
+    """The baseline command with placeholders filled and, since a job runs in its run directory, every
+    relative word that names a file of the code directory (`examples/tinygpt/train.py`, `pretrain_gpt.py`)
+    made absolute against it. The command is the campaign's own (trusted), not a candidate's."""
+    out = []
+    for part in command:
+        word = substitute(part, ctx)
+        if word and not word.startswith("-") and not os.path.isabs(word) and os.path.exists(os.path.join(workdir, word)):
+            word = os.path.join(os.path.abspath(workdir), word)
+        out.append(word)
+    return out
 
 
 def substitute(text: str, ctx: Mapping[str, Any]) -> str:
@@ -324,7 +337,7 @@ class RunGenerator:
         env = dict(cand.env)
         env.update(self.spec.control.stack_fixes.env)
         env = {k: substitute(v, ctx) for k, v in env.items()}
-        command = [substitute(part, ctx) for part in self.baseline.command]
+        command = job_command(self.baseline.command, ctx, workdir)
         argv = tuple(command + render_args(args))
         c = self.spec.cluster
         return JobSpec(job_id=run_dir.name, campaign=self.spec.name, argv=argv, env=env, workdir=workdir,
@@ -366,7 +379,7 @@ class RunGenerator:
             problems.append(f"the job asks for {job.gpus_per_node} GPUs per node; the campaign pins {c.gpus_per_node}")
         if job.image != self.baseline.image:
             problems.append(f"the job's image {job.image!r} is not the campaign's image {self.baseline.image!r}")
-        command = [substitute(part, self.placeholders(job.run_dir)) for part in self.baseline.command]
+        command = job_command(self.baseline.command, self.placeholders(job.run_dir), job.workdir)
         if list(job.argv[: len(command)]) != command:
             problems.append("the job's command is not the campaign's baseline command")
         expected = self.expected_pins(profile, steps)

@@ -231,8 +231,8 @@ def write_shipped(control: Control, state: CampaignState, backend: Any = None) -
 
     lines = [
         "#!/bin/sh",
-        f"# The recipe attune shipped for campaign {spec.name}: {run_id}",
-        f"# Changes from the baseline: {_describe(changes) or 'none (the baseline ships)'}",
+        _comment(f"The recipe attune shipped for campaign {spec.name}: {run_id}"),
+        _comment(f"Changes from the baseline: {_describe(changes) or 'none (the baseline ships)'}"),
         f"# {spec.cluster.gpus} GPU(s), {spec.cluster.gpus_per_node} per node; correctness evidence: evidence.json",
         "# The run length is the campaign's measurement length: set the steps you need for training.",
         "# Usage: RUN_DIR=/path/for/outputs sh run.sh",
@@ -316,6 +316,11 @@ def _describe(ch: Changes) -> str:
 
     parts = [f"{k}={show(v)}" for k, v in ch.args.items()] + [f"{k}={show(v)}" for k, v in ch.env.items()]
     return ", ".join(parts)
+
+
+def _comment(text: str) -> str:
+    """A `# ...` line no value can break out of (a character that is not printable becomes '?')."""
+    return "# " + "".join(c if c.isprintable() else "?" for c in text)
 
 
 def _write(path: Path, text: str, mode: int | None = None) -> None:
