@@ -48,6 +48,8 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = {
     "glm-4.5": ROOT / "examples" / "campaigns" / "glm45-128xb200",
     "minimax-m2": ROOT / "examples" / "campaigns" / "minimax-m2-64xb200",
+    "llama-3.1-405b": ROOT / "examples" / "campaigns" / "llama31-405b-128xb200",
+    "mixtral-8x22b": ROOT / "examples" / "campaigns" / "mixtral-8x22b-128xh100",
 }
 # The paper's Table 3 rows for the tuners that also exist here (mean gain, GPU-h, launches, failed share, failed GPU-h).
 PAPER = {

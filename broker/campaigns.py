@@ -1,38 +1,34 @@
-"""One campaign as the broker serves it: its control plane, its backend, its watchdog, its files.
+"""One campaign as the broker serves it: transport to its backend, and its files.
 
-`CampaignHandle.launch` runs the control plane's admission and submits admitted jobs to the
-backend; `poll` (called by the broker's monitor thread) records when jobs start, kills jobs whose
-log makes no progress for `control.hang_timeout_s` (classified as hangs), and hands every job that
-ended to the control plane, which scores, charges and promotes it. `cancel` stops a job through
-the backend and finishes it at once.
+The control plane owns each run from admission to its final row (`attune.control.lifecycle.Lifecycle`);
+this handle is its transport. `launch` asks the lifecycle to admit a request and submits the admitted
+job to the backend; `poll` (called by the broker's monitor) observes every run in flight on the backend
+and hands each observation to the lifecycle's one entry point, `on_backend_event`, which records starts,
+kills hangs and pruned runs (the broker then cancels the job), and finishes runs that ended; then it
+submits the shipping step's next run, if any. `cancel` asks the lifecycle, then stops the job.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
-import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from attune.control.campaign import record_assumption, record_stop
-from attune.control.plane import Admission, Control, JobFacts, LaunchRequest
-from attune.core.campaign_paths import LEDGER_FILE, RUN_KILL_FILE, RUN_LOG
+from attune.control.lifecycle import EventKind, Lifecycle, Reaction, RunEvent
+from attune.control.plane import Control, LaunchAnswer, LaunchRequest
+from attune.core.campaign_paths import LEDGER_FILE, RUN_LOG
 from attune.core.errors import BrokerError
-from attune.core.measure import PRUNER, partial_throughput
 from attune.core.state import CampaignState, RunState
-from attune.core.vocab import STOPPED_OUTCOMES, RunOutcome
+from attune.core.vocab import STOPPED_OUTCOMES
 from broker.backends import get_backend
-from broker.backends.base import Backend, BackendError, BackendUnavailable, JobState, JobStatus
+from broker.backends.base import Backend, BackendError, BackendUnavailable, JobStatus
 from broker.files import FileAccessError, FileTree, Root, compile_pattern, read_lines, search_file, tail_lines
 
 log = logging.getLogger("attune.broker")
-
-KILL_FILE = RUN_KILL_FILE
-UNSUBMITTED_GRACE_S = 30.0  # an admitted run with no submission row after this long was lost
 
 
 class NotFound(BrokerError):
@@ -48,10 +44,9 @@ class CampaignHandle:
         self.spec = self.control.spec
         self.name = self.spec.name
         self.backend: Backend = backend or get_backend(self.spec.cluster.backend, self.spec.cluster.backend_settings())
+        self.lifecycle = Lifecycle(self.control, self.backend)
         self.image = self._image_tree()
         self._lock = threading.RLock()
-        self._finishing: set[str] = set()
-        self._unreachable_since: dict[str, float] = {}  # run id -> when the backend first did not answer
         self._identity = self._first_row_hash()
 
     def _first_row_hash(self) -> str | None:
@@ -76,198 +71,88 @@ class CampaignHandle:
         return None
 
     # --- launch -----------------------------------------------------------------------------
-    def launch(self, request: LaunchRequest) -> dict[str, Any]:
-        decision: Admission = self.control.admit(request)
-        out = decision.as_dict()
-        if not decision.admitted:
-            return out
-        return self._submit(decision, out)
+    def admit(self, request: LaunchRequest | dict[str, Any]) -> LaunchAnswer:
+        """The control plane's answer to a launch request; an admitted run is submitted to the backend."""
+        decision = self.lifecycle.admit(request)
+        return self._submit(decision) if decision.admitted else decision
 
-    def _submit(self, decision: Admission, out: dict[str, Any]) -> dict[str, Any]:
+    def launch(self, request: LaunchRequest | dict[str, Any]) -> dict[str, Any]:
+        """`admit`, as the wire carries the answer (JSON)."""
+        return self.admit(request).model_dump(mode="json", exclude_unset=True)
+
+    def _submit(self, decision: LaunchAnswer) -> LaunchAnswer:
         assert decision.job is not None and decision.run_id is not None
-        job = decision.job
-        spec = replace(job, exclude_nodes=tuple(decision.exclude_nodes))
         try:
-            backend_id = self.backend.submit(spec)
+            backend_id = self.backend.submit(decision.job)
         except BackendError as exc:
-            result = self.control.finish(decision.run_id, JobFacts(state="infrastructure",
-                                                                   reason=f"submission failed: {exc}"))
-            out["submitted"] = False
-            out["submit_error"] = str(exc)
-            out["finished"] = result
-            return out
-        self.control.record_submitted(decision.run_id, self.backend.name, backend_id)
-        out["submitted"] = True
-        out["backend_id"] = backend_id
-        return out
+            done = self.lifecycle.on_backend_event(decision.run_id, RunEvent(EventKind.SUBMIT_FAILED, reason=str(exc)))
+            decision.submitted, decision.submit_error, decision.finished = False, str(exc), done.finished
+            return decision
+        self.lifecycle.on_backend_event(decision.run_id, RunEvent(EventKind.SUBMITTED, backend=self.backend.name,
+                                                                  backend_id=backend_id))
+        decision.submitted, decision.backend_id = True, backend_id
+        return decision
 
     # --- watching ---------------------------------------------------------------------------
-    def _kill_record(self, run_id: str) -> dict[str, Any] | None:
+    def observe(self, run: RunState) -> RunEvent:
+        """What the backend says of a run now, as the lifecycle takes it."""
+        if run.backend_id is None:
+            return RunEvent(EventKind.NOT_SUBMITTED)
         try:
-            return json.loads((self.control.run_dir(run_id) / KILL_FILE).read_text())
-        except (OSError, ValueError):
-            return None
+            st = self.backend.status(run.backend_id)
+        except BackendUnavailable as exc:
+            return RunEvent(EventKind.UNREACHABLE, reason=str(exc))
+        except BackendError as exc:
+            return RunEvent(EventKind.LOST, reason=str(exc))
+        return RunEvent(EventKind.STATUS, state=st.state.value, started_at=st.started_at, ended_at=st.ended_at,
+                        exit_code=st.exit_code, nodes=tuple(st.nodes), reason=st.reason)
 
-    def _mark_kill(self, run_id: str, why: str, detail: str) -> None:
-        path = self.control.run_dir(run_id) / KILL_FILE
-        if path.exists():
-            return
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"killed_for": why, "reason": detail, "at": time.time()}) + "\n")
-        os.replace(tmp, path)
-
-    def log_progress(self, run: RunState, st: JobStatus | None) -> tuple[int, float | None]:
-        """(log bytes, seconds since the log last grew, counted from the job's start)."""
-        path = self.control.run_dir(run.run_id) / RUN_LOG
-        started = (st.started_at if st else None) or run.started_at
-        try:
-            stat = path.stat()
-            size, last = stat.st_size, stat.st_mtime
-        except OSError:
-            size, last = 0, None
-        if started is None:
-            return size, None
-        ref = max(started, last) if last is not None else started
-        return size, max(0.0, time.time() - ref)
+    def _report(self, run: RunState) -> Reaction:
+        """Hand the backend's view of a run to the lifecycle; stop the job when it says so, and report again."""
+        reaction = self.lifecycle.on_backend_event(run.run_id, self.observe(run))
+        if reaction.cancel:
+            assert run.backend_id is not None
+            self.backend.cancel(run.backend_id)
+            reaction = reaction.then(self.lifecycle.on_backend_event(run.run_id, self.observe(run)))
+        return reaction
 
     def poll(self) -> list[str]:
-        """Advance every run in flight; returns what happened, for the broker's log."""
+        """Advance every run in flight, then shipping; returns what happened, for the broker's log."""
         events: list[str] = []
         if self._first_row_hash() != self._identity:
             return ["the campaign directory now holds another campaign: not watching it"]
         with self._lock:
-            state = self.control.state()
-            for run in state.in_flight:
+            for run in self.lifecycle.in_flight():
                 try:
-                    events += self._poll_run(run)
+                    events += self._report(run).notes
                 except Exception as exc:  # one bad run must not stop the watch of the others
                     log.exception("campaign %s: polling run %s failed", self.name, run.run_id)
                     events.append(f"{run.run_id}: poll error {exc}")
             try:
-                events += self.advance_shipping()
+                decision, notes = self.lifecycle.shipping_step()
+                if decision is not None:
+                    self._submit(decision)
+                    notes = [f"shipping: {decision.kind} run {decision.run_id} submitted={decision.submitted}"]
+                events += notes
             except Exception as exc:
                 log.exception("campaign %s: shipping step failed", self.name)
                 events.append(f"shipping error {exc}")
         return events
-
-    def advance_shipping(self) -> list[str]:
-        """After the stop: the control plane's shipping step (checks, ship, final re-measurement)."""
-        from attune.control import shipper, shipping
-
-        state = self.control.state()
-        if not shipping.is_due(state) or state.in_flight:
-            return []
-        before = state.shipped
-        decision = shipper.advance(self.control, self.backend)
-        if decision is not None:
-            out = self._submit(decision, decision.as_dict())
-            return [f"shipping: {decision.kind} run {decision.run_id} submitted={out.get('submitted')}"]
-        now = self.control.state()
-        after = now.shipped
-        if state.failed is None and now.failed is not None:
-            return [f"shipping: the campaign failed ({now.failed.get('reason')})"]
-        if before is None and after is not None:
-            return [f"shipping: shipped {after.get('run_id')} ({after.get('reason')})"]
-        return []
-
-    def _poll_run(self, run: RunState) -> list[str]:
-        if run.backend_id is None:
-            admitted_for = time.time() - _row_time(self, run)
-            if admitted_for > UNSUBMITTED_GRACE_S:
-                self.control.finish(run.run_id, JobFacts(state="infrastructure",
-                                                         reason="admitted but never submitted (the broker stopped?)"))
-                return [f"{run.run_id}: lost before submission"]
-            return []
-        try:
-            st = self.backend.status(run.backend_id)
-        except BackendUnavailable as exc:
-            since = self._unreachable_since.setdefault(run.run_id, time.time())
-            if time.time() - since < self.spec.control.hang_timeout_s:
-                return [f"{run.run_id}: backend unavailable, asking again ({exc})"]
-            self.control.finish(run.run_id, JobFacts(state="infrastructure", reason=(
-                f"the backend did not answer for {time.time() - since:.0f} s: {exc}")))
-            return [f"{run.run_id}: lost with the backend"]
-        except BackendError as exc:
-            self.control.finish(run.run_id, JobFacts(state="infrastructure", reason=f"backend lost the job: {exc}"))
-            return [f"{run.run_id}: lost by the backend"]
-        self._unreachable_since.pop(run.run_id, None)
-        events: list[str] = []
-        if st.started_at is not None and run.status == "admitted":
-            self.control.record_started(run.run_id, st.started_at, st.nodes)
-            events.append(f"{run.run_id}: started on {','.join(st.nodes) or '?'}")
-        if st.state.finished:
-            events.append(self._finish(run, st))
-            return events
-        if st.state == JobState.RUNNING:
-            _, idle = self.log_progress(run, st)
-            limit = self.spec.control.hang_timeout_s
-            if idle is not None and idle >= limit:
-                detail = f"no log progress for {idle:.0f} s (limit {limit:g} s): killed by the broker's watchdog"
-                return events + [self._kill(run, RunOutcome.HANG, detail, idle)]
-            if run.prune_below is not None:
-                partial = self.partial_throughput(run.run_id)
-                if partial is not None and PRUNER.prune(partial, run.prune_below):
-                    return events + [self._kill(run, RunOutcome.PRUNED, PRUNER.reason(partial, run.prune_below), idle)]
-        return events
-
-    def _kill(self, run: RunState, why: str, detail: str, idle: float | None) -> str:
-        assert run.backend_id is not None
-        self._mark_kill(run.run_id, why, detail)
-        self.backend.cancel(run.backend_id)
-        st = self.backend.status(run.backend_id)
-        return self._finish(run, st, idle=idle)
-
-    def partial_throughput(self, run_id: str) -> tuple[float, int] | None:
-        """(tokens/s/GPU over the measured steps logged so far, how many), for the early abort."""
-        from attune.readers.metrics import MetricsInputError, get_parser
-
-        path = self.control.run_dir(run_id) / RUN_LOG
-        if not path.exists():
-            return None
-        try:
-            parsed = get_parser(self.spec.framework).read(path)
-        except (MetricsInputError, OSError):
-            return None
-        first, last = self.spec.workload.window
-        times = {i: rec.step_time_ms for i, rec in parsed.steps.items()}
-        return partial_throughput(times, (first, last), float(self.spec.workload.tokens), self.spec.cluster.gpus)
-
-    def _finish(self, run: RunState, st: JobStatus, idle: float | None = None) -> str:
-        kill = self._kill_record(run.run_id) or {}
-        if idle is None:
-            _, idle = self.log_progress(run, st)
-        facts = JobFacts(
-            state=st.state.value, started_at=st.started_at, ended_at=st.ended_at, exit_code=st.exit_code,
-            nodes=list(st.nodes), killed_for=kill.get("killed_for"), reason=kill.get("reason") or st.reason,
-            seconds_since_progress=idle,
-        )
-        result = self.control.finish(run.run_id, facts)
-        return f"{run.run_id}: finished {result.get('outcome')} ({result.get('reason')})"
 
     def cancel(self, run_id: str, why: str = "cancelled") -> dict[str, Any]:
         """Stop a run now. `why`: cancelled (by the agent) or pruned (a tuner's early abort)."""
         if why not in STOPPED_OUTCOMES:
             raise FileAccessError("bad_request", f"reason must be cancelled or pruned, got {why!r}")
         with self._lock:
-            state = self.control.state()
-            run = state.runs.get(run_id)
-            if run is None:
-                raise NotFound(run_id)
-            if run.status == "finished":
-                return {"run_id": run_id, "cancelled": False, "reason": f"the run already finished ({run.outcome})"}
-            if run.kind in ("check", "remeasure"):
-                return {"run_id": run_id, "cancelled": False, "reason": (
-                    f"{run_id} is a {run.kind} run of the control plane's shipping step; it cannot be cancelled")}
-            self._mark_kill(run_id, why, "cancelled through the broker" if why == "cancelled"
-                            else "stopped early by the tuner's early abort")
-            if run.backend_id is not None:
+            run = self.run(run_id)
+            answer = self.lifecycle.stop(run, why)
+            if answer.refused is not None:
+                return {"run_id": run_id, "cancelled": False, "reason": answer.refused}
+            if answer.cancel:
+                assert run.backend_id is not None
                 self.backend.cancel(run.backend_id)
-                st = self.backend.status(run.backend_id)
-                self._finish(run, st)
-            else:
-                self.control.finish(run_id, JobFacts(state="cancelled", killed_for=why,
-                                                     reason="cancelled before submission"))
-            run = self.control.state().runs[run_id]
+                self.lifecycle.on_backend_event(run_id, self.observe(run))
+            run = self.run(run_id)
             return {"run_id": run_id, "cancelled": True, "outcome": run.outcome,
                     "charge_gpu_hours": run.charge_gpu_hours}
 
@@ -290,7 +175,7 @@ class CampaignHandle:
                     st = self.backend.status(run.backend_id)
                 except BackendError:
                     st = None
-            size, idle = self.log_progress(run, st)
+            size, idle = self.lifecycle.log_progress(run, st.started_at if st else None)
             out["backend_state"] = st.state.value if st else None
             out["log_bytes"] = size
             out["seconds_since_log_progress"] = None if idle is None else round(idle, 1)
@@ -339,15 +224,6 @@ class CampaignHandle:
     def stop(self, levers_tested: list[str], diagnosis: str, leader: str | None) -> dict[str, Any]:
         row = record_stop(self.dir, levers_tested, diagnosis, leader)
         return {"recorded": True, "seq": row.seq, "leader": row.data["leader"]}
-
-
-def _row_time(handle: CampaignHandle, run: RunState) -> float:
-    """Epoch seconds of a run's admission row."""
-    from datetime import datetime
-
-    if run.admitted_ts is not None:
-        return datetime.fromisoformat(run.admitted_ts).timestamp()
-    return time.time()
 
 
 __all__ = ["CampaignHandle", "FileAccessError", "NotFound"]

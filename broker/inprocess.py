@@ -12,7 +12,8 @@ to the next event (a start, a logged step, an end), so a whole campaign runs as 
 plane can score it; the early abort and the hang watchdog see every step as they would over HTTP.
 
 The production control plane is the same: admission, the gate, the ledger, charging, promotion and
-shipping all run in `attune.control.plane.Control`, `attune.control.shipping` and `broker.campaigns.CampaignHandle`.
+shipping all run in `attune.control.plane.Control`, `attune.control.lifecycle` and `attune.control.shipping`;
+`broker.campaigns.CampaignHandle` is their transport.
 This is how `attune tune` runs a built-in tuner on a simulated cluster, and how the simulator's tuner
 comparison (`benchmarks/bench_sim_tuners.py`) measures the production code.
 """

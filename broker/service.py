@@ -27,7 +27,8 @@ The request and answer shapes are broker/wire.py's models (shared with the broke
 handler has one signature, `(Call) -> Reply`: the campaign, path parameters, query and body in, the
 status, the answer (a wire model) and the audit reason out; `ROUTES` maps the routes to them.
 
-A monitor thread polls every campaign's runs in flight (start, hang watchdog, finish).
+A monitor thread polls every campaign's runs in flight and hands what the backend says of each to the
+control plane's run lifecycle (attune/control/lifecycle.py: start, hang watchdog, finish, shipping).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from starlette.routing import Route
 from attune.control.campaign import RecordError
 from attune.control.plane import ControlError
 from attune.control.spec import SpecError
+from attune.core import ledger as ledger_mod
 from attune.core.campaign_paths import (
     AUDIT_FILE,
     BROKER_DIR,
@@ -468,8 +470,15 @@ def _campaign(c: Call) -> Reply:
     return Reply(200, campaign_summary(c.campaign))
 
 
+def _verify_ledger(c: Call) -> Reply:
+    """The ledger checked by the broker, with the key no agent may read (`attune ledger verify` without it)."""
+    rep = ledger_mod.verify(c.campaign.dir).as_dict()
+    out = answer(wire.LedgerVerification, {k: rep.get(k) for k in wire.LedgerVerification.model_fields})
+    return Reply(200, out, "ledger verified" if out.ok else f"ledger verification failed: {out.problem}")
+
+
 def _launch(c: Call) -> Reply:
-    out = answer(wire.LaunchAnswer, c.campaign.launch(c.parse_body(wire.LaunchRequest)))
+    out = c.campaign.admit(c.parse_body(wire.LaunchRequest))  # the control plane's answer, served as it is
     if not out.admitted:
         return Reply(409, out, f"launch refused ({out.code}): {out.reason}")
     reason = f"launch admitted: {out.run_id}"
@@ -584,6 +593,7 @@ class RouteSpec(NamedTuple):
 ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("/v1/health", "health", _health, ("GET",), auth=False),
     RouteSpec("/v1/campaign", "campaign_status", _campaign, ("GET",)),
+    RouteSpec("/v1/ledger/verify", "verify_ledger", _verify_ledger, ("GET",)),
     RouteSpec("/v1/runs", "launch", _launch, ("POST",)),
     RouteSpec("/v1/runs", "list_runs", _list_runs, ("GET",)),
     RouteSpec("/v1/runs/{run_id}", "run_status", _run_status, ("GET",)),

@@ -1,7 +1,8 @@
 """The broker's wire format, defined once: every route's request and answer as a pydantic model.
 
 The broker (broker/service.py) validates each request's body and query with these models and
-builds each answer with them; the broker MCP server (mcp_servers/broker_server.py) builds its
+builds each answer with them; a launch's answer is the control plane's own `LaunchAnswer`, served as
+it is from admission to the wire. The broker MCP server (mcp_servers/broker_server.py) builds its
 requests with them and returns them (or a view of them: `LaunchResult`, `CampaignStatus`) as its
 tools' results. docs/broker.md's HTTP table describes the same shapes.
 
@@ -16,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from attune.control.plane import LaunchRequest
+from attune.control.plane import LaunchAnswer, LaunchRequest
 from attune.control.search_rules import STOP_RULE_CODES
 from attune.core.state import STOP_BLOCKER_CODES
 from attune.core.vocab import refusal_codes_text
@@ -290,28 +291,6 @@ class RunList(_Answer):
     next_offset: int | None = Field(description="pass as offset for the next page; null at the end")
 
 
-class LaunchAnswer(_Answer):
-    """POST /v1/runs: 201 admitted (and submitted, or not), 409 refused with its code."""
-
-    admitted: bool
-    code: str | None = None
-    reason: str | None = None
-    run_id: str | None = None
-    kind: str | None = None
-    expected_gpu_hours: float | None = None
-    changes: dict[str, Any] | None = None
-    retry_of: str | None = None
-    exclude_nodes: list[str] = Field(default_factory=list)
-    recipe_key: str | None = None
-    gate: dict[str, Any] | None = None
-    budget: Budget | None = None
-    items: list[str] = Field(default_factory=list)
-    submitted: bool | None = None
-    backend_id: str | None = None
-    submit_error: str | None = None
-    finished: dict[str, Any] | None = None
-
-
 class CancelAnswer(_Answer):
     run_id: str
     cancelled: bool
@@ -374,6 +353,19 @@ class StopRefused(_Answer):
     error: Literal["stop_refused"] = "stop_refused"
     reason: str
     refusals: list[StopBlocker]
+
+
+class LedgerVerification(_Answer):
+    """GET /v1/ledger/verify: the broker checks the ledger with its key (which the agent never sees)."""
+
+    ok: bool
+    rows: int
+    authenticated: bool = Field(description="every row's MAC checked with the campaign's key, not only the chain")
+    torn_tail: bool = False
+    problem: str | None = None
+    error: str | None = None
+    last_hash: str | None = None
+    note: str | None = None
 
 
 class CampaignSummary(_Answer):

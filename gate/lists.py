@@ -350,6 +350,29 @@ def load_list(model_or_path: str | Path, expected_sha256: str | None = None) -> 
     return LoadedList(path=path, sha256=digest, clist=clist)
 
 
+# Settings a campaign fixes for all of its runs (the broker pins them): a list describes a class of
+# objectives, not one cluster, so where it freezes one of these its value is the campaign's own.
+CAMPAIGN_BOUND = ("world_size", "seq_length", "global_batch_size")
+
+
+def for_campaign(loaded: LoadedList, bound: dict[str, Any]) -> LoadedList:
+    """The list as it applies to one campaign: each frozen entry of `CAMPAIGN_BOUND` given in `bound`
+    (e.g. {"world_size": 64, "seq_length": 4096}) pinned at the campaign's value instead of the one the
+    file was written for. Other entries, the file and its hash are unchanged (the campaign still pins
+    the file's SHA-256)."""
+    args = dict(loaded.clist.args)
+    changed = False
+    for dest in CAMPAIGN_BOUND:
+        entry = args.get(dest)
+        if isinstance(entry, FrozenArg) and dest in bound and bound[dest] is not None \
+                and entry.value != bound[dest]:
+            args[dest] = entry.model_copy(update={"value": bound[dest]})
+            changed = True
+    if not changed:
+        return loaded
+    return LoadedList(path=loaded.path, sha256=loaded.sha256, clist=loaded.clist.model_copy(update={"args": args}))
+
+
 class LoadedList:
     """A validated list with the file it came from and that file's hash."""
 

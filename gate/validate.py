@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from attune.core.recipe import render_args
 from attune.readers.metrics import read_losses, read_resolved_args
 from gate import config_check, convergence, judge, lists, noise
 
@@ -190,25 +191,14 @@ class ValidationReport(BaseModel):
     summary: dict[str, Any]
 
 
-def _argv(args: dict[str, Any]) -> list[str]:
-    out: list[str] = []
-    for k, v in args.items():
-        if v is None or v is False:
-            continue
-        out.append(k)
-        if v is not True:
-            out.append(str(v))
-    return out
-
-
 def _run(args: dict[str, Any], nproc: int, env_extra: dict[str, str], log: Path) -> RunInfo:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TINYGPT_")}
     env.update(env_extra)
     if nproc > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               str(TRAIN), *_argv(args)]
+               str(TRAIN), *render_args(args)]
     else:
-        cmd = [sys.executable, str(TRAIN), *_argv(args)]
+        cmd = [sys.executable, str(TRAIN), *render_args(args)]
     t0 = time.perf_counter()
     with open(log, "w") as fh:
         proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=str(REPO), timeout=1800)

@@ -44,15 +44,50 @@ if TYPE_CHECKING:
 SKILL_SCRIPTS = os.path.join("skills", "attune", "scripts")
 # PROTECTED_IN_CAMPAIGN (attune/core/campaign_paths.py): the campaign files no tool may write.
 
-# Tools that read no files and write none, or only within the session's own bookkeeping.
+# One decision per Claude Code tool (TOOLS): a tool not named here is denied until it is decided, so a new
+# tool of a later client version is refused (tests/test_policy_tools.py checks the pinned client's own
+# inventory, tests/data/claude_code_tools.json, against this table). The kinds:
+#   shell: hooks/shell.py's policy; read: a path inside the read roots; search: a root and patterns
+#   inside the read roots with no closed place below; write: a path inside the write roots;
+#   resource: a resource of attune's own servers; safe: touches no file (allowed); the rest are denied
+#   with the reason given.
 SAFE_TOOLS = frozenset({
     "TodoWrite", "ToolSearch", "Skill", "Task", "Agent", "TaskCreate", "TaskUpdate", "TaskList", "TaskGet",
     "BashOutput", "TaskOutput", "ExitPlanMode", "EnterPlanMode", "SlashCommand", "ListMcpResourcesTool",
+    # touch no files: wait, stop a background task, message or list the session's own agents
+    "ScheduleWakeup", "TaskStop", "SendMessage", "ListAgents",
 })
 READ_TOOLS = {"Read": "file_path", "NotebookRead": "notebook_path", "LS": "path"}
 SEARCH_TOOLS = {"Glob", "Grep"}
 WRITE_TOOLS = {"Edit": "file_path", "MultiEdit": "file_path", "Write": "file_path", "NotebookEdit": "notebook_path"}
 WEB_TOOLS = frozenset({"WebFetch", "WebSearch"})
+RESOURCE_TOOLS = frozenset({"ReadMcpResourceTool", "ReadMcpResourceDirTool"})
+DENIED_TOOLS = {
+    "CronCreate": "schedules prompts that run outside this session's budget and hooks",
+    "CronDelete": "schedules are not used in a campaign session",
+    "CronList": "schedules are not used in a campaign session",
+    "EnterWorktree": "creates a git worktree (files outside the notes)",
+    "ExitWorktree": "worktrees are not used in a campaign session",
+    "Monitor": "runs and watches commands outside the shell policy",
+    "Workflow": "runs multi-step workflows outside the campaign's tools",
+    "ReportFindings": "a code-review tool, not part of a campaign",
+    "KillShell": "background shells are not started in a campaign session",
+}
+TOOLS: dict[str, str] = {
+    "Bash": "shell",
+    **{t: "read" for t in READ_TOOLS}, **{t: "search" for t in SEARCH_TOOLS},
+    **{t: "write" for t in WRITE_TOOLS}, **{t: "web" for t in WEB_TOOLS},
+    **{t: "resource" for t in RESOURCE_TOOLS}, **{t: "safe" for t in SAFE_TOOLS},
+    **{t: "denied" for t in DENIED_TOOLS},
+}
+
+
+def tool_kind(tool: str) -> str | None:
+    """The decided kind of a Claude Code tool ('mcp' for every MCP tool), or None: not decided, denied."""
+    if tool.startswith("mcp__"):
+        return "mcp"
+    return TOOLS.get(tool)
+
 
 # Read-only programs and their options: hooks/programs.py (loaded only for shell commands).
 ATTUNE_READ_ONLY: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
@@ -533,23 +568,26 @@ class Policy:
     def decide(self, tool: str, tool_input: Any) -> Decision:
         if not isinstance(tool_input, dict):
             return deny(f"{tool}: the tool input is not an object")
-        if tool == "Bash":
+        kind = tool_kind(tool)
+        if kind == "shell":
             return self.decide_bash(tool_input.get("command"))
-        if tool in READ_TOOLS:
+        if kind == "read":
             return self._decide_read(tool, tool_input)
-        if tool in SEARCH_TOOLS:
+        if kind == "search":
             return self._decide_search(tool, tool_input)
-        if tool in WRITE_TOOLS:
+        if kind == "write":
             return self._decide_write(tool, tool_input)
-        if tool in WEB_TOOLS:
+        if kind == "web":
             return deny(f"{tool} denied: web tools are off in a campaign session")
-        if tool.startswith("mcp__"):
+        if kind == "mcp":
             return self._decide_mcp(tool)
-        if tool == "ReadMcpResourceTool":
-            return self._decide_mcp_resource(tool_input)
-        if tool in SAFE_TOOLS or tool in self.extra_tools:
+        if kind == "resource":
+            return self._decide_mcp_resource(tool, tool_input)
+        if kind == "safe" or tool in self.extra_tools:
             return allow(f"{tool} reads and writes no files")
-        return deny(f"{tool} denied: not on the campaign's tool allow-list (policy.yaml `tools` may add it)")
+        if kind == "denied":
+            return deny(f"{tool} denied: {DENIED_TOOLS[tool]}")
+        return deny(f"{tool} denied: not a tool this policy has decided (policy.yaml `tools` may add it)")
 
     def _decide_read(self, tool: str, tool_input: dict[str, Any]) -> Decision:
         path = tool_input.get(READ_TOOLS[tool]) or (self.cwd if tool == "LS" else None)
@@ -577,13 +615,13 @@ class Policy:
         return deny(f"{tool} denied: only attune's own MCP servers ({', '.join(servers)}) "
                     "are used in a campaign session", tool)
 
-    def _decide_mcp_resource(self, tool_input: dict[str, Any]) -> Decision:
+    def _decide_mcp_resource(self, tool: str, tool_input: dict[str, Any]) -> Decision:
         server = str(tool_input.get("server", ""))
         from attune.core import plugin_servers
 
         if server in {f"plugin:{plugin_servers.PLUGIN}:{s}" for s in plugin_servers.SERVERS}:
             return allow("a resource of attune's servers", server)
-        return deny(f"ReadMcpResourceTool denied: server {server!r} is not one of attune's", server)
+        return deny(f"{tool} denied: server {server!r} is not one of attune's", server)
 
     def _decide_search(self, tool: str, tool_input: dict[str, Any]) -> Decision:
         path = tool_input.get("path") or self.cwd
@@ -592,18 +630,54 @@ class Policy:
         problem = self.read_problem(path, "searches")
         if problem:
             return deny(f"{tool} denied: {problem}", path)
+        reach = [self.real(path)]
         for key in ("pattern", "glob") if tool == "Glob" else ("glob",):
             pat = tool_input.get(key)
             if not isinstance(pat, str) or not pat:
                 continue
-            if ".." in pat.replace("\\", "/").split("/"):
-                return deny(f"{tool} denied: the pattern {pat!r} climbs out with '..'", path)
+            problem = _pattern_problem(pat)
+            if problem:
+                return deny(f"{tool} denied: the pattern {pat!r} {problem}", path)
             if os.path.isabs(pat):
-                cut = min([i for i, c in enumerate(pat) if c in "*?[{"] or [len(pat)])
-                problem = self.read_problem(os.path.dirname(pat[:cut]) or "/", "searches")
+                top = _literal_dir(pat)
+                problem = self.read_problem(top, "searches")
                 if problem:
                     return deny(f"{tool} denied: {problem}", pat)
+                if tool == "Glob" and key == "pattern":
+                    reach[0] = top  # an absolute pattern searches from its own folder, not the path
+                else:
+                    reach.append(top)
+            elif tool == "Glob" and key == "pattern":  # its literal leading folders narrow where it reaches
+                reach[0] = os.path.realpath(os.path.join(reach[0], _literal_dir(pat)))
+        for top in reach:
+            closed = [u for u in self.unreadable if u != top and inside(u, top)]
+            if closed:
+                # The search would descend into a closed place (hidden directories are searched too): the
+                # token, keys or data would be in its results. Search a folder below, or a file.
+                return deny(f"{tool} denied: {top} holds {closed[0]}, closed to searches; search a folder "
+                            "inside it (notes/, runs/) or one file", path)
         return allow(f"{tool} inside the allow-list", path)
+
+
+def _pattern_problem(pat: str) -> str | None:
+    """What is wrong with a search pattern: climbing out, or naming a hidden folder."""
+    parts = pat.replace("\\", "/").split("/")
+    if ".." in parts:
+        return "climbs out with '..'"
+    if any(p.startswith(".") and p != "." for p in parts[:-1]):
+        return "names a hidden directory"
+    return None
+
+
+def _literal_dir(pat: str) -> str:
+    """The folder a pattern's literal leading part names ('' for none; '/' at least for an absolute one)."""
+    lead: list[str] = []
+    for part in pat.replace("\\", "/").split("/")[:-1]:
+        if any(c in part for c in "*?[{") or part.startswith("."):
+            break
+        lead.append(part)
+    out = "/".join(lead)
+    return (out or "/") if pat.startswith("/") else out
 
 
 def _ledger_keys_dirs() -> list[str]:

@@ -137,6 +137,9 @@ _RAW: dict[str, tuple] = {
     "seq": ("wf:s:", "format= separator= equal-width help version", "", "data", 3),
     "sleep": ("", "help version", "", "data", 1),
     "nproc": ("", "all ignore= help version", "", "none"),
+    # free reads /proc/meminfo only; -s/-c (repeat) are left out: a command ends
+    "free": ("bkmgtphlvwL", "bytes kibi mebi gibi tebi pebi kilo mega giga tera peta human lohi line total "
+             "committed wide si help version", "s: c: seconds= count=", "none"),
     "uname": ("asnrvmpio", "all kernel-name nodename kernel-release kernel-version machine processor "
               "hardware-platform operating-system help version", "", "none"),
     "whoami": ("", "help version", "", "none"),

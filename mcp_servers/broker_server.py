@@ -374,6 +374,13 @@ async def campaign_status() -> CampaignStatus:
     return CampaignStatus.of(await _call("GET", "/v1/campaign", wire.CampaignSummary))
 
 
+@server.tool()
+async def verify_ledger() -> wire.LedgerVerification:
+    """Check the campaign's ledger: its hash chain and every row's MAC, with the campaign's key, which the
+    broker holds and you never read. ok=false names the problem: do not launch until it is ok."""
+    return await _call("GET", "/v1/ledger/verify", wire.LedgerVerification)
+
+
 # --- per-run diagnosis (search rule 1's evidence; issue 15) ------------------------------------------
 
 

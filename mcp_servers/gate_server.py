@@ -37,18 +37,19 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field
 
 from attune.core.containment import inside
+from attune.core.recipe import ArgValue
 from gate import config_check, convergence, inputs, judge, lists, noise
 
 log = logging.getLogger("attune.gate_server")
 
-Scalar = str | int | float | bool | None
-ArgValue = Scalar | list[str | int | float | bool]
+# A gate tool also takes a list-valued flag as a JSON list (the recipe's own form is the joined words).
+ToolArgValue = ArgValue | list[str | int | float | bool]
 
 
 class Recipe(BaseModel):
     """A recipe in command-line form."""
 
-    args: dict[str, ArgValue] = Field(default_factory=dict,
+    args: dict[str, ToolArgValue] = Field(default_factory=dict,
                                       description="Megatron flags with leading '--'; a bare flag is true; "
                                       "false/null means not given.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables.")
@@ -198,7 +199,7 @@ def _report(result: config_check.ConfigCheckResult) -> LayerOneReport:
 @server.tool()
 def check_change(
     baseline: Annotated[Recipe, Field(description="The leader's (or baseline's) recipe.")],
-    args: Annotated[dict[str, ArgValue], Field(description="Flag changes: {'--tensor-model-parallel-size': 2, "
+    args: Annotated[dict[str, ToolArgValue], Field(description="Flag changes: {'--tensor-model-parallel-size': 2, "
                                                "'--sequence-parallel': true}; null or false removes a flag.")] = {},  # noqa: B006
     env: Annotated[dict[str, str | None], Field(description="Environment changes; null unsets.")] = {},  # noqa: B006
     model: Annotated[str | None, Field(description="Model list; defaults to the campaign's.")] = None,

@@ -28,6 +28,7 @@ TOOLS = {
     "launch_candidate", "launch_calibration", "run_status", "list_runs", "cancel_run", "read_run_log",
     "search_run_log", "list_image_dir", "read_image_file", "search_image", "record_assumption", "record_stop",
     "campaign_status", "ttb_best_known_recipe", "record_diagnosis", "start_campaign", "workload_environment",
+    "verify_ledger",
 }
 
 
@@ -70,6 +71,7 @@ def test_the_agent_tools_over_stdio(campaign: Path) -> None:
             assert {t.name for t in tools} == TOOLS
             assert all(t.description and t.output_schema for t in tools)
             out["status"] = (await client.call_tool("campaign_status", {})).structured_content
+            out["ledger"] = (await client.call_tool("verify_ledger", {})).structured_content
             fast = await client.call_tool("launch_candidate", {
                 "changes": {"args": {"--fake-step-ms": 8}}, "hypothesis": "the step is bound by its sleep",
                 "lever": "step time", "expected_gain": 1.0})
@@ -142,6 +144,8 @@ def test_the_agent_tools_over_stdio(campaign: Path) -> None:
     assert out["assume"]["recorded"] and out["stop"]["recorded"] and out["stop"]["leader"] == done["run_id"]
     assert out["after_stop"]["admitted"] is False and out["after_stop"]["code"] == "stopped"
     assert out["final"]["stop_recorded"] and out["final"]["leader"]["run_id"] == done["run_id"]
+    # the ledger checked by the broker with the key the agent never reads (issue 24, class 7)
+    assert out["ledger"]["ok"] and out["ledger"]["authenticated"] and out["ledger"]["rows"] >= 1
 
     types = [r.type for r in ledger.read(campaign).rows]
     assert types.count("assumption_recorded") == 1 and types.count("stop_recorded") == 1

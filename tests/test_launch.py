@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from attune.control.campaign import RecordError, StopRefusedError
-from attune.control.plane import Control, JobFacts, LaunchRequest
+from attune.control.plane import Control, FinalRunRequest, JobFacts, LaunchRequest
 from attune.core import ledger
 from attune.core.state import fold
 from attune.readers.metrics import read_metrics
@@ -327,11 +327,11 @@ def test_check_runs_are_paid_from_the_reserve_alone(tmp_path: Path) -> None:
     # before any run finishes, one run is expected to cost 0.014 GPU-h: a 20-step check 0.014 x 20/14 = 0.02
     d = make_campaign(tmp_path, budget=budget, control={"expected_run_gpu_hours": 0.014})
     c = Control(d)
-    assert [c.admit_final("check", "baseline").admitted for _ in range(2)] == [True, True]
+    assert [c.admit(FinalRunRequest(kind="check", of="baseline")).admitted for _ in range(2)] == [True, True]
     b = c.state().budget
     assert b.check_in_flight == pytest.approx(0.04) and b.reserve_left == pytest.approx(0.01)
     assert b.remaining == pytest.approx(0.96)  # the budget could pay, the reserve cannot
-    third = c.admit_final("check", "baseline")
+    third = c.admit(FinalRunRequest(kind="check", of="baseline"))
     assert not third.admitted and third.code == "budget"
     assert "check reserve has 0.01 GPU-h left" in third.reason and "overran" not in third.reason
 
@@ -343,7 +343,7 @@ def test_check_runs_are_paid_from_the_reserve_alone(tmp_path: Path) -> None:
     b2 = c2.state().budget
     assert b2.reserve_overrun == pytest.approx(0.04) and b2.check_left == pytest.approx(0.01)
     assert b2.as_dict()["reserve_overrun_gpu_hours"] == pytest.approx(0.04)
-    out = c2.admit_final("check", "baseline")
+    out = c2.admit(FinalRunRequest(kind="check", of="baseline"))
     assert not out.admitted and out.code == "budget"
     assert "overran their share of the budget (total 1 - reserve 0.05 = 0.95 GPU-h) by 0.04 GPU-h" in out.reason
     refused = rows(d2, "launch_refused")[-1].data

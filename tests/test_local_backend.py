@@ -80,7 +80,7 @@ def test_cancel_kills_the_whole_process_group(tmp_path: Path) -> None:
         "time.sleep(300)\n"
     )
     bid = b.submit(job(tmp_path, "tree", script))
-    pid_file = tmp_path / "child.pid"
+    pid_file = tmp_path / "tree" / "child.pid"  # the job works in its run directory
     wait_for(lambda: pid_file.exists() and pid_file.read_text() != "")
     child = int(pid_file.read_text())
     assert alive(child)
@@ -127,6 +127,6 @@ def test_render_is_a_script_a_person_can_run(tmp_path: Path) -> None:
     (spec.run_dir / "job.sh").write_text(b.render(spec))
     t0 = time.time()
     subprocess.run(["/bin/sh", str(spec.run_dir / "job.sh")], check=True, env={"PATH": os.environ["PATH"]})
-    assert (spec.run_dir / "log.txt").read_text() == f"by-hand {tmp_path}\n"
+    assert (spec.run_dir / "log.txt").read_text() == f"by-hand {tmp_path / 'by-hand'}\n"  # run in its run directory
     rc, ended = (spec.run_dir / "exit_status").read_text().split()
     assert rc == "0" and float(ended) >= t0 - 1

@@ -97,9 +97,9 @@ def test_the_early_abort_pruner_waits_for_its_steps_then_prunes_below_the_floor(
     assert strict.prune((950.0, 2), strict.floor(1000.0))
 
 
-def test_the_tuner_driver_and_the_broker_take_the_pruner_from_measure() -> None:
+def test_the_tuner_driver_and_the_run_lifecycle_take_the_pruner_from_measure() -> None:
+    from attune.control import lifecycle
     from attune.tuners import driver
-    from broker import campaigns
 
     assert driver.EARLY_ABORT_STEPS is measure.EARLY_ABORT_STEPS and driver.PRUNER is measure.PRUNER
-    assert campaigns.PRUNER is measure.PRUNER and campaigns.partial_throughput is measure.partial_throughput
+    assert lifecycle.PRUNER is measure.PRUNER and lifecycle.partial_throughput is measure.partial_throughput

@@ -24,13 +24,14 @@ def dirs(tmp_path: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.parametrize("value", ["{run_dir}/m.json", "{run_dir}", "{run_dir}/a/b/c", "cosine", "3e-4", "1,2,3",
-                                   "a=b", "{run_dir}/x,{run_dir}/y", "{run_dir}/x:{run_dir}/y"])
+                                   "a=b", "{run_dir}/x,{run_dir}/y", "{run_dir}/x:{run_dir}/y", ".", "x/y",
+                                   "policy.yaml", "ledger.jsonl", "typing_extensions.py", "a/../b"])
 def test_values_inside_the_run_directory_or_not_paths_pass(dirs: tuple[Path, Path], value: str) -> None:
     run, work = dirs
     confine_paths(Changes({"--out": value}), run, work, _ctx(run))
 
 
-@pytest.mark.parametrize("value", ["/etc/passwd", "..", ".", "~", "~/x", "x/y", "{run_dir}/..", "{run_dir}/../r001-a",
+@pytest.mark.parametrize("value", ["/etc/passwd", "..", "~", "~/x", "../policy.yaml", "x/../../y", "{run_dir}/..", "{run_dir}/../r001-a",
                                    "{run_dir}/x,/etc/y", "k=/etc/y", "{run_dir}/x y/../../..", "/", "//x",
                                    "{run_dir}/x;/y"])
 def test_values_that_leave_the_run_directory_are_refused(dirs: tuple[Path, Path], value: str) -> None:
@@ -71,3 +72,16 @@ def test_candidate_flag_names_are_strict(flag: str) -> None:
 @pytest.mark.parametrize("flag", ["--lr", "--training.seq_len", "--use-flash-attn", "--tp_size", "--x1"])
 def test_ordinary_flag_names_pass(flag: str) -> None:
     assert flag in parse_changes({"args": {flag: 1}}).args
+
+
+@pytest.mark.parametrize("name", ["policy.yaml", "ledger.jsonl", "typing_extensions.py", "campaign.yaml"])
+def test_a_bare_name_is_a_path_of_the_run_never_of_the_code_or_campaign(dirs: tuple[Path, Path], name: str) -> None:
+    """Issue 24, class 1: a value without a slash is still a path. It is resolved against the run's own
+    directory (the job's working directory on every backend), so it lands there, whatever the code's
+    directory holds; a link the run directory holds under that name is followed."""
+    run, work = dirs
+    (work / name).write_text("x")
+    confine_paths(Changes({"--metrics-out": name}), run, work, _ctx(run))  # inside the run: passes
+    (run / name).symlink_to(work / name)
+    with pytest.raises(RunGenError, match="outside the run"):
+        confine_paths(Changes({"--metrics-out": name}), run, work, _ctx(run))

@@ -299,6 +299,7 @@ TOOLS_DENY = [
     ("ReadMcpResourceTool", {"server": "github", "uri": "x"}),
     ("KillShell", {"shell_id": "1"}),
     ("SomeFutureTool", {}),
+    ("Grep", {"pattern": "loss"}),  # at the campaign root: .broker/ is below it (issue 24)
     ("Bash", "not an object"),
     ("Read", {}),
 ]
@@ -307,7 +308,6 @@ TOOLS_ALLOW = [
     ("Read", {"file_path": "{root}/skills/attune/SKILL.md"}),
     ("Glob", {"pattern": "runs/**/log"}),
     ("Grep", {"pattern": "loss", "path": "{camp}/runs"}),
-    ("Grep", {"pattern": "loss"}),
     ("Write", {"file_path": "{camp}/notes/new.md"}),
     ("Edit", {"file_path": "{camp}/notes/plan.md"}),
     ("mcp__plugin_attune_broker__launch_run", {}),

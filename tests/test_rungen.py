@@ -39,6 +39,11 @@ def test_recipe_identity_ignores_spelling_but_not_profiling() -> None:
     assert a.recipe_key == b.recipe_key != p.recipe_key
 
 
+def test_negative_numbers_stay_values() -> None:
+    changes = parse_changes({"args": {"--x": "-1", "--y": "0 -2.5 16"}})
+    assert changes.args == {"--x": "-1", "--y": "0 -2.5 16"}
+
+
 @pytest.mark.parametrize(
     ("changes", "code", "words"),
     [
@@ -54,6 +59,9 @@ def test_recipe_identity_ignores_spelling_but_not_profiling() -> None:
         ({"args": {"--x": float("nan")}}, "bad_change", "finite number"),
         ({"env": {"1BAD": "x"}}, "bad_change", "not an environment variable name"),
         ({"other": {}}, "bad_change", "unknown key"),
+        # a value's words become command-line words: an option word inside a value is a second flag
+        ({"args": {"--recompute-modules": "core_attn --train-iters 999"}}, "bad_change", "read as another flag"),
+        ({"args": {"--x": "--seq-length=4096"}}, "bad_change", "read as another flag"),
     ],
 )
 def test_refused_edits(changes: dict, code: str, words: str) -> None:

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from attune.control.spec import load_spec
+from attune.core.recipe import parse_argv
 from attune.knowledge.layouts import find_model
 from attune.knowledge.memory_estimate import GIB
 from attune.knowledge.memory_estimate import estimate as memory_estimate
@@ -20,7 +21,7 @@ from attune.sim.api import apply_overrides, resolve_accelerator
 from attune.sim.estimate import estimate
 from attune.sim.memory import memory_options, stage_memory
 from attune.sim.paper import CAMPAIGNS, POINTS, PUBLIC_TPS, points
-from attune.sim.recipe import RecipeError, build_recipe, parse_argv, render_argv, resolved_arguments
+from attune.sim.recipe import RecipeError, build_recipe, render_argv, resolved_arguments
 from attune.sim.steptime import TERM_ORDER, step_time
 
 SPECS = {m: load_spec(p) for m, p in CAMPAIGNS.items()}

@@ -169,7 +169,34 @@ def test_script_accepts_and_refuses_without_heavy_packages(lessons_file: Path) -
     dup = run_script("add_lesson.py", "--file", str(lessons_file), "--lever", "cuda-graphs",
                      "--rule", "Capture only the static-shape scopes first; dropless expert compute changes shape.")
     assert dup.returncode == 2 and "already recorded" in dup.stderr
-    assert len(read_lessons(lessons_file)) == 1
+    # an agent's lesson waits, pending, beside the lessons file every later agent reads (issue 24, class 4)
+    from attune.knowledge.lessons import pending_path
+
+    assert out_ok_pending(ok.stdout) and len(read_lessons(lessons_file)) == 0
+    waiting = read_lessons(pending_path(lessons_file))
+    assert len(waiting) == 1 and waiting[0]["author"].startswith("agent (campaign ")
+
+
+def out_ok_pending(stdout: str) -> bool:
+    return json.loads(stdout)["pending"] is True
+
+
+def test_a_person_accepts_a_pending_lesson(lessons_file: Path) -> None:
+    from attune.knowledge.lessons import pending_path
+
+    rule = "Capture only the static-shape scopes first; dropless expert compute changes shape."
+    assert run_script("add_lesson.py", "--file", str(lessons_file), "--lever", "cuda-graphs", "--rule",
+                      rule + "\x1b]8;;http://evil/\x07click\x1b]8;;\x07").returncode == 0
+    assert read_lessons(lessons_file) == []
+    assert "\x1b" not in pending_path(lessons_file).read_text()  # control sequences dropped on the way in
+    bad = run_cli("catalog", "accept-lesson", "L0009", "--file", str(lessons_file), "--json")
+    assert bad.returncode == 1 and json.loads(bad.stdout)["accepted"] is False
+    res = run_cli("catalog", "accept-lesson", "L0001", "--file", str(lessons_file), "--by", "alice", "--json")
+    assert res.returncode == 0, res.stderr
+    got = read_lessons(lessons_file)
+    assert [g["id"] for g in got] == ["L0001"] and got[0]["accepted"].startswith("person alice on ")
+    assert got[0]["author"].startswith("agent (campaign ") and read_lessons(pending_path(lessons_file)) == []
+    assert run_cli("catalog", "accept-lesson", "x1", "--file", str(lessons_file)).returncode == 2
 
 
 def test_cli_add_lesson_and_env_default(lessons_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -190,5 +217,5 @@ def test_the_documented_example_is_accepted(lessons_file: Path) -> None:
     argv = argv[argv.index(next(a for a in argv if a.endswith("add_lesson.py"))) + 1:]
     res = run_script("add_lesson.py", "--file", str(lessons_file), *argv)
     assert res.returncode == 0, res.stderr
-    entry = yaml.safe_load(lessons_file.read_text())[0]
+    entry = yaml.safe_load(lessons_file.with_name("lessons.pending.yaml").read_text())[0]  # waits for a person
     assert entry["lever"] == "recompute-granularity" and entry["applies_when"] and entry["evidence"]

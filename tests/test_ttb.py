@@ -541,6 +541,50 @@ def test_build_refuses_to_replace_a_directory_that_is_not_a_build(entry: Path, t
     assert [r["id"] for r in index["leaderboard"]] == [entry.name] and not (tmp_path / "site" / "stale.txt").exists()
 
 
+@pytest.mark.parametrize("kind", ["dir_link", "file_link", "listed_link", "fifo"])
+def test_an_entry_with_a_link_or_special_file_is_refused_and_never_published(entry: Path, tmp_path: Path,
+                                                                            kind: str) -> None:
+    """Issue 24, class 3: a directory symlink (to a keys folder, ~/.ssh) in an entry is refused by verify, and
+    build publishes nothing it holds: the secret never reaches the site (real effect: the file's absence)."""
+    import os
+
+    from attune.ttb.page import build
+
+    secret = tmp_path / "keys"
+    secret.mkdir()
+    (secret / "id_ed25519").write_text("PRIVATE KEY MATERIAL")
+    if kind == "dir_link":
+        (entry / "evidence_keys").symlink_to(secret)
+    elif kind == "file_link":
+        (entry / "extra").symlink_to(secret / "id_ed25519")
+    elif kind == "listed_link":  # a listed file replaced by a link to the same bytes
+        data = json.loads((entry / "entry.json").read_text())
+        rel = sorted(data["files"])[0]
+        real = tmp_path / "copy"
+        shutil.copyfile(entry / rel, real)
+        (entry / rel).unlink()
+        (entry / rel).symlink_to(real)
+    else:
+        os.mkfifo(entry / "pipe")
+    failed = _failed(entry)
+    assert "files" in failed and ("link" in failed["files"] or "special" in failed["files"]), failed
+    index = build([entry], tmp_path / "site", load_prices())
+    assert index["leaderboard"] == [] and index["not_verified"]
+    site = tmp_path / "site"
+    assert not any("PRIVATE KEY" in f.read_text(errors="replace") for f in site.rglob("*") if f.is_file())
+    assert not any(f.is_symlink() for f in site.rglob("*"))
+
+
+def test_build_copies_only_the_listed_files(entry: Path, tmp_path: Path) -> None:
+    from attune.ttb.verify import copy_listed
+
+    out = tmp_path / "copy"
+    data = json.loads((entry / "entry.json").read_text())
+    copy_listed(entry, out, list(data["files"]))
+    got = sorted(str(f.relative_to(out)) for f in out.rglob("*") if f.is_file())
+    assert got == sorted({*data["files"], "entry.json"})
+
+
 def test_rows_of_the_protocol_length_with_a_real_tokenizer(tmp_path: Path) -> None:
     res = wl.build_rows(tmp_path, tokenizer=wl.SAMPLE_TOKENIZER, seq_length=proto.TTB_V1.seq_length, num_rows=2,
                         conversations=wl.SAMPLE_CONVERSATIONS, repeat=True, protocol="ttb-v1")

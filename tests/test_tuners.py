@@ -70,11 +70,11 @@ class SyntheticControlPlane:
 
     def evaluate(self, cand: Candidate, prune_below: float | None) -> Outcome:
         with self.lock:
-            if cand.key in self.seen:
+            if recipe_key(cand.changes) in self.seen:
                 return Outcome(None, "refused", reason="identical recipe")
             if self.used + self.inflight >= self.budget:
                 return Outcome(None, "refused", reason="budget: admission refused", code="budget")
-            self.seen.add(cand.key)
+            self.seen.add(recipe_key(cand.changes))
             self.inflight += 1
             self.max_inflight = max(self.max_inflight, self.inflight)
             self.launched.append(dict(cand.changes))

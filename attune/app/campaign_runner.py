@@ -440,11 +440,14 @@ class CampaignRunner:
             return
         tuner = self._make_tuner(spec)
         replay = ReplayPlane(BrokerControlPlane(client, poll_s=min(self.poll_s, 1.0)), spec, st)
-        plane: Any = replay
+        from attune.tuners.coherent import CoherentPlane
+
+        # Every tuner launches whole recipes: the framework's argument rules applied before a launch.
+        plane: Any = CoherentPlane(replay, spec) if spec.framework == "megatron-lm" else replay
         if self.knob_space:
             from attune.tuners.knobs import KnobPlane, knob_space
 
-            plane = KnobPlane(replay, knob_space(spec))
+            plane = KnobPlane(plane, knob_space(spec))
 
         def on_outcome(_c: Candidate, _o: Outcome) -> None:
             self._progress()
@@ -452,7 +455,8 @@ class CampaignRunner:
         from attune.control.campaign import StopRefusedError
 
         try:
-            drive(tuner, plane, early_abort=self.tuner_name in EARLY_ABORT_TUNERS, on_outcome=on_outcome)
+            # Lost runs are cut for every tuner (the heuristic too): the early abort below the leader.
+            drive(tuner, plane, early_abort=True, on_outcome=on_outcome)
         except StopRefusedError as exc:
             raise RunnerError(
                 f"the {self.tuner_name} tuner has nothing left to try, but {exc} (widen the search space so "

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from attune.core import ledger as ledger_mod
+from attune.core import textsafe
 from attune.core.campaign_paths import CAMPAIGN_FILE, REPORT_HTML, REPORT_MD
 from attune.core.hardware import peak_flops
 from attune.core.measure import cost_per_million_tokens, gain, mfu, payback_days
@@ -385,7 +386,8 @@ def write(campaign_dir: Path | str) -> tuple[Path, Path, Report]:
     d = Path(campaign_dir)
     r = build(d)
     md, page = d / REPORT_MD, d / REPORT_HTML
-    for path, text in ((md, to_markdown(r)), (page, to_html(r))):
+    # report.md: agent-written text (hypotheses, diagnoses) without terminal control or remote images
+    for path, text in ((md, textsafe.markdown(to_markdown(r))), (page, to_html(r))):
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)

@@ -1,10 +1,12 @@
 """The control plane's launch path: admission, charging, scoring and promotion, every step a ledger row.
 
-One `Control` per campaign directory. The broker service drives it:
+One `Control` per campaign directory. A run's lifecycle (`attune.control.lifecycle.Lifecycle`) drives it:
 
-    admit(request)          run generator -> gate layer 1 -> (under the campaign lock) identical-recipe
-                            rule -> concurrency and budget admission -> `launch_admitted`, or
-                            `launch_refused` with the reason; writes runs/<id>/job.json
+    admit(request)          every run kind through one rule pipeline (`ADMISSION_RULES`, each rule with the
+                            kinds it applies to): the agent's search and calibration runs (`LaunchRequest`)
+                            and the shipping step's check and re-measurement runs (`FinalRunRequest`) ->
+                            `launch_admitted`, or `launch_refused` with the reason; writes runs/<id>/job.json;
+                            answers a `LaunchAnswer`, the one shape the broker submits and serves
     record_submitted(...)   `run_submitted` (the backend's id for the job)
     record_started(...)     `run_started` (the cluster admitted the job: charging starts here)
     finish(run_id, facts)   (under the campaign lock) the metrics reader scores the log, the run is
@@ -32,11 +34,11 @@ import re
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SkipValidation
 
 import attune
 from attune.control.campaign import campaign_lock
@@ -49,7 +51,7 @@ from attune.core.errors import ControlError
 from attune.core.job import JobSpec
 from attune.core.measure import gpu_hours
 from attune.core.state import BudgetState, CampaignState, Follower, RunState
-from attune.core.vocab import STOPPED_OUTCOMES, RunKind, RunOutcome, Verdict
+from attune.core.vocab import FINAL_KINDS, STOPPED_OUTCOMES, RunKind, RunOutcome, Verdict
 
 SOURCE_ROOT = Path(attune.__file__).resolve().parents[1]
 
@@ -118,9 +120,36 @@ class LaunchRequest(BaseModel):
         "many tokens/s/GPU"))
 
 
-@dataclass
-class Admission:
-    """The answer to a launch request."""
+class FinalRunRequest(BaseModel):
+    """A run the control plane's shipping step asks for (the agent cannot): a correctness `check` run or a
+    final `remeasure` run of `of`, "baseline" or the id of a finished search run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["check", "remeasure"]
+    of: str = Field(min_length=1, max_length=200)
+
+    @property
+    def profile(self) -> bool:
+        return False
+
+
+def _refused_fields(request: LaunchRequest | FinalRunRequest, decision: LaunchAnswer) -> dict[str, Any]:
+    """The `launch_refused` row's fields that come from the request."""
+    if isinstance(request, FinalRunRequest):
+        return {"changes": None, "lever": None, "hypothesis": None, "profile": False, "of": request.of}
+    return {"items": list(decision.items), "changes": request.changes, "lever": request.lever,
+            "hypothesis": request.hypothesis, "profile": request.profile}
+
+
+RunRequest = LaunchRequest | FinalRunRequest
+
+
+class LaunchAnswer(BaseModel):
+    """The one answer to a launch, from admission to the wire (broker/wire.py serves it as it is): the
+    control plane's decision, then what the broker's submission of an admitted run did."""
+
+    model_config = ConfigDict(extra="allow")  # a newer control plane's field passes through the MCP server
 
     admitted: bool
     code: str | None = None  # refusal code (stable word), None when admitted
@@ -130,17 +159,24 @@ class Admission:
     expected_gpu_hours: float | None = None
     changes: dict[str, Any] | None = None
     retry_of: str | None = None
-    exclude_nodes: list[str] = field(default_factory=list)
+    exclude_nodes: list[str] = Field(default_factory=list)
     recipe_key: str | None = None
-    job: JobSpec | None = None
     gate: dict[str, Any] | None = None
-    budget: dict[str, Any] | None = None
-    items: list[str] = field(default_factory=list)  # what a refusal lacks (the search rules' missing items)
+    budget: dict[str, Any] | None = Field(None, description="the campaign's budget (broker.wire.Budget)")
+    items: list[str] = Field(default_factory=list)  # what a refusal lacks (the search rules' missing items)
+    # the submission of an admitted run (set by the broker; absent from a refusal)
+    submitted: bool | None = None
+    backend_id: str | None = None
+    submit_error: str | None = None
+    finished: dict[str, Any] | None = None  # the run's end, when its submission failed
+    job: SkipValidation[JobSpec | None] = Field(None, exclude=True, repr=False)  # what the broker submits
 
-    def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.pop("job")
-        return out
+    def model_post_init(self, _context: Any) -> None:
+        self.model_fields_set.update(_DECISION_FIELDS)  # the decision's fields are always on the wire
+
+
+_DECISION_FIELDS = ("admitted", "code", "reason", "run_id", "kind", "expected_gpu_hours", "changes", "retry_of",
+                    "exclude_nodes", "recipe_key", "gate", "budget", "items")
 
 
 @dataclass
@@ -202,7 +238,17 @@ def load_gate_list(spec: CampaignSpec, campaign_dir: Path, list_sha256: str | No
     if loaded is None or (pinned is not None and pinned != digest):
         loaded = load_list(path, expected_sha256=pinned)  # validates (and refuses a changed list)
         _LISTS[(str(path), loaded.sha256)] = loaded
-    return loaded
+    return campaign_list(spec, loaded)
+
+
+def campaign_list(spec: CampaignSpec, loaded: Any) -> Any:
+    """The list as it applies to this campaign: world size and batch geometry are the campaign's
+    (`gate.lists.for_campaign`), so a list written for another GPU count does not refuse every candidate."""
+    from gate.lists import for_campaign
+
+    w = spec.workload
+    return for_campaign(loaded, {"world_size": spec.cluster.gpus, "seq_length": w.seq_length,
+                                 "global_batch_size": w.global_batch})
 
 
 def check_candidate(
@@ -332,29 +378,26 @@ class Control:
         return base
 
     # --- admission --------------------------------------------------------------------------
-    def admit(self, request: LaunchRequest | Mapping[str, Any]) -> Admission:
-        """Decide a launch request. Never raises for a refusal: the Admission says why."""
-        if not isinstance(request, LaunchRequest):
+    def admit(self, request: RunRequest | Mapping[str, Any]) -> LaunchAnswer:
+        """Decide a launch request, the agent's (`LaunchRequest`: search or calibration) or the shipping
+        step's (`FinalRunRequest`: check or re-measurement), with the one rule pipeline (`ADMISSION_RULES`).
+        Never raises for a refusal: the answer says why."""
+        if not isinstance(request, LaunchRequest | FinalRunRequest):
             request = LaunchRequest.model_validate(request)
         with campaign_lock(self.dir):
             state = self.state()
+            fatal = False
             try:
                 if spec_sha256(self.dir / CAMPAIGN_FILE) != self.spec_sha256:
                     raise RunGenError("spec_changed", (
                         "campaign.yaml changed after the campaign started; its spec is frozen (restore it)"))
                 decision = self._decide(state, request)
             except RunGenError as exc:
-                decision = Admission(False, exc.code, exc.message, kind=request.kind)
-                fatal = isinstance(exc, WorkloadEnvError) and exc.terminal and request.kind == "calibration"
-            else:
-                fatal = False
+                decision = LaunchAnswer(admitted=False, code=exc.code, reason=exc.message, kind=request.kind)
+                fatal = isinstance(exc, WorkloadEnvError) and exc.terminal and request.kind == RunKind.CALIBRATION
             if not decision.admitted:
-                self.ledger.append("launch_refused", {
-                    "reason": decision.reason, "code": decision.code, "kind": request.kind,
-                    "items": list(decision.items),
-                    "changes": request.changes, "lever": request.lever, "hypothesis": request.hypothesis,
-                    "profile": request.profile,
-                })
+                self.ledger.append("launch_refused", {"reason": decision.reason, "code": decision.code,
+                                                      "kind": request.kind, **_refused_fields(request, decision)})
                 if fatal and state.calibration is None and state.failed is None:
                     # Nothing can ever be measured: the campaign ends failed (never success on nothing), so a
                     # headless session's Stop hook lets it end, as a failure, and `attune tune` exits 1.
@@ -364,62 +407,33 @@ class Control:
                 decision.budget = state.budget.as_dict()
                 return decision
             assert decision.job is not None and decision.run_id is not None
-            self._write_job(decision, request.model_dump(), profile=request.profile)
+            fields = self._admitted_fields(request)
+            self._write_job(decision, self._job_request(request), profile=request.profile)
             self.ledger.append("launch_admitted", {
-                "run_id": decision.run_id,
-                "kind": request.kind,
-                "expected_gpu_hours": decision.expected_gpu_hours,
-                "changes": decision.changes,
-                "hypothesis": request.hypothesis,
-                "lever": request.lever,
-                "expected_gain": request.expected_gain,
-                "profile": request.profile,
-                "code_locations": dict(request.code_locations),
-                "base_run_id": request.base if request.kind == "search" else "baseline",
-                "recipe_key": decision.recipe_key,
-                "retry_of": decision.retry_of,
-                "prune_below": request.prune_below,
-                "gate": decision.gate,
-                "argv": list(decision.job.argv),
+                "run_id": decision.run_id, "kind": request.kind, "expected_gpu_hours": decision.expected_gpu_hours,
+                "changes": decision.changes, **fields, "recipe_key": decision.recipe_key,
+                "retry_of": decision.retry_of, "gate": decision.gate, "argv": list(decision.job.argv),
             })
             decision.budget = self.state().budget.as_dict()
             return decision
 
-    def admit_final(self, kind: str, of: str) -> Admission:
-        """Admit a shipping run: a correctness `check` run or a final `remeasure` run of a recipe.
+    def _admitted_fields(self, request: RunRequest) -> dict[str, Any]:
+        """The `launch_admitted` row's fields that come from the request."""
+        if isinstance(request, FinalRunRequest):
+            what = "correctness check" if request.kind == RunKind.CHECK else "final re-measurement"
+            return {"hypothesis": f"{what} of {request.of}", "lever": None, "expected_gain": None, "profile": False,
+                    "code_locations": {}, "base_run_id": request.of, "prune_below": None,
+                    "steps": self._final_steps(request.kind)}
+        return {"hypothesis": request.hypothesis, "lever": request.lever, "expected_gain": request.expected_gain,
+                "profile": request.profile, "code_locations": dict(request.code_locations),
+                "base_run_id": request.base if request.kind == RunKind.SEARCH else "baseline",
+                "prune_below": request.prune_below}
 
-        `of` is "baseline" or the id of a finished search run. These runs are the control plane's own
-        (the agent cannot ask for them): no gate at admission (the check runs are judged on their
-        resolved arguments afterwards), no identical-recipe rule. A check run is the recipe run for
-        `gate.convergence_steps` steps, paid from the check reserve only (`check_budget_refusal`); a
-        re-measurement is charged outside the budget (`final`)."""
-        if kind not in ("check", "remeasure"):
-            raise ValueError(f"kind must be check or remeasure, got {kind!r}")
-        with campaign_lock(self.dir):
-            state = self.state()
-            try:
-                decision = self._decide_final(state, kind, of)
-            except RunGenError as exc:
-                decision = Admission(False, exc.code, exc.message, kind=kind)
-            if not decision.admitted:
-                self.ledger.append("launch_refused", {"reason": decision.reason, "code": decision.code, "kind": kind,
-                                                      "changes": None, "lever": None, "hypothesis": None,
-                                                      "profile": False, "of": of})
-                decision.budget = state.budget.as_dict()
-                return decision
-            assert decision.job is not None and decision.run_id is not None
-            what = "correctness check" if kind == "check" else "final re-measurement"
-            request = {"kind": kind, "of": of, "steps": self._final_steps(kind)}
-            self._write_job(decision, request, profile=False)
-            self.ledger.append("launch_admitted", {
-                "run_id": decision.run_id, "kind": kind, "expected_gpu_hours": decision.expected_gpu_hours,
-                "changes": decision.changes, "hypothesis": f"{what} of {of}", "lever": None,
-                "expected_gain": None, "profile": False, "code_locations": {}, "base_run_id": of,
-                "recipe_key": decision.recipe_key, "retry_of": None, "prune_below": None, "gate": None,
-                "argv": list(decision.job.argv), "steps": request["steps"],
-            })
-            decision.budget = self.state().budget.as_dict()
-            return decision
+    def _job_request(self, request: RunRequest) -> dict[str, Any]:
+        """The request as runs/<id>/job.json records it."""
+        if isinstance(request, FinalRunRequest):
+            return {"kind": request.kind, "of": request.of, "steps": self._final_steps(request.kind)}
+        return request.model_dump()
 
     def _with_workload_python(self, job: JobSpec) -> JobSpec:
         """The job with its command's `python` made the workload's interpreter (spec `environment`).
@@ -445,36 +459,6 @@ class Control:
     def _final_steps(self, kind: str) -> int:
         return self.spec.gate.convergence_steps if kind == "check" else self.spec.workload.steps_per_run
 
-    def _decide_final(self, state: CampaignState, kind: str, of: str) -> Admission:
-        if len(state.in_flight) >= self.spec.budget.concurrency:
-            return Admission(False, "concurrency", "runs are in flight: wait for them", kind=kind)
-        if of == "baseline":
-            base = Changes()
-        else:
-            run = state.runs.get(of)
-            if run is None or run.kind != "search" or run.status != "finished":
-                raise RunGenError("bad_request", f"{kind}: no finished search run {of!r}")
-            base = Changes(dict(run.changes.get("args") or {}), dict(run.changes.get("env") or {}))
-        cand = self.gen.candidate(base, Changes(), False)
-        steps = self._final_steps(kind)
-        if kind == "check":
-            cand = self.gen.with_steps(cand, steps)
-        expected = self.expected_cost(state, kind, False) or 0.0
-        if kind == "check":
-            refusal = check_budget_refusal(state.budget, expected)
-            if refusal is not None:
-                return Admission(False, "budget", refusal, kind=kind, expected_gpu_hours=expected)
-        run_id = self._next_run_id(state, None, label=f"{kind}-{of}")
-        self.gen.confine(cand.changes, self.run_dir(run_id), self.workdir)
-        job = self.gen.resolve(cand, self.run_dir(run_id), self.workdir)
-        problems = self.gen.check_shape(job, False, steps=steps if kind == "check" else None)
-        if problems:
-            return Admission(False, "shape", "the job does not match the campaign's pinned shape: " + "; ".join(problems),
-                             kind=kind)
-        job = self._with_workload_python(job)
-        return Admission(True, run_id=run_id, kind=kind, expected_gpu_hours=_round(expected),
-                         changes=cand.changes.as_dict(), job=job, recipe_key=cand.recipe_key)
-
     def _base_changes(self, state: CampaignState, base: str) -> Changes:
         if base == "baseline":
             return Changes()
@@ -488,18 +472,22 @@ class Control:
                               "or the id of one of its search runs)")
         return Changes(dict(run.changes.get("args") or {}), dict(run.changes.get("env") or {}))
 
-    def _decide(self, state: CampaignState, req: LaunchRequest) -> Admission:
-        """Run the admission rules in order (`ADMISSION_RULES`): the first refusal is the answer."""
+    def _decide(self, state: CampaignState, req: RunRequest) -> LaunchAnswer:
+        """Run the admission rules that apply to the request's kind, in order (`ADMISSION_RULES`): the
+        first refusal is the answer."""
         ctx = AdmitContext(self, state, req)
-        for rule in ADMISSION_RULES:
+        for rule, kinds in ADMISSION_RULES:
+            if req.kind not in kinds:
+                continue
             refusal = rule(ctx)
             if refusal is not None:
-                return refusal.admission(req.kind)
+                return refusal.answer(req.kind)
         job = self._with_workload_python(ctx.job) if ctx.job is not None else None
         assert job is not None and ctx.candidate is not None and ctx.run_id is not None
-        return Admission(True, run_id=ctx.run_id, kind=req.kind, expected_gpu_hours=_round(ctx.expected or 0.0),
-                         changes=ctx.candidate.changes.as_dict(), retry_of=ctx.retry_of, exclude_nodes=ctx.exclude,
-                         job=job, gate=ctx.gate, recipe_key=ctx.candidate.recipe_key)
+        return LaunchAnswer(admitted=True, run_id=ctx.run_id, kind=req.kind,
+                            expected_gpu_hours=_round(ctx.expected or 0.0), changes=ctx.candidate.changes.as_dict(),
+                            retry_of=ctx.retry_of, exclude_nodes=ctx.exclude, gate=ctx.gate,
+                            recipe_key=ctx.candidate.recipe_key, job=replace(job, exclude_nodes=tuple(ctx.exclude)))
 
     def _identical(self, state: CampaignState, cand: GeneratedRecipe) -> tuple[str, str] | None:
         """None: a new recipe. ("retry", run_id): one retry of an infrastructure failure. ("refuse", why)."""
@@ -522,19 +510,19 @@ class Control:
             f"identical to run {last.run_id} (outcome {last.outcome}{tps}): a recipe is measured once, and a "
             "failed recipe must be diagnosed and changed")
 
-    def _next_run_id(self, state: CampaignState, req: LaunchRequest | None, label: str | None = None) -> str:
+    def _next_run_id(self, state: CampaignState, req: RunRequest) -> str:
         n = len(state.runs) + 1
-        if req is not None:
-            label = "calibration" if req.kind == "calibration" else _slug(req.lever) or "run"
+        if isinstance(req, FinalRunRequest):
+            label = re.sub(r"[^a-z0-9]+", "-", f"{req.kind}-{req.of}".lower()).strip("-")[:40].strip("-") or "run"
         else:
-            label = re.sub(r"[^a-z0-9]+", "-", (label or "run").lower()).strip("-")[:40].strip("-") or "run"
+            label = "calibration" if req.kind == "calibration" else _slug(req.lever) or "run"
         run_id = f"r{n:03d}-{label}"
         while run_id in state.runs or self.run_dir(run_id).exists():
             n += 1
             run_id = f"r{n:03d}-{label}"
         return run_id
 
-    def _write_job(self, decision: Admission, request: dict[str, Any], profile: bool) -> None:
+    def _write_job(self, decision: LaunchAnswer, request: dict[str, Any], profile: bool) -> None:
         job = decision.job
         assert job is not None
         job.run_dir.mkdir(parents=True, exist_ok=False)
@@ -711,10 +699,10 @@ class Refusal:
     expected_gpu_hours: float | None = None
     with_kind: bool = True  # False: the request was not read (the campaign has not started)
 
-    def admission(self, kind: str) -> Admission:
-        return Admission(False, self.code, self.reason, kind=kind if self.with_kind else None,
-                         expected_gpu_hours=self.expected_gpu_hours, changes=self.changes, gate=self.gate,
-                         items=list(self.items))
+    def answer(self, kind: str) -> LaunchAnswer:
+        return LaunchAnswer(admitted=False, code=self.code, reason=self.reason,
+                            kind=kind if self.with_kind else None, expected_gpu_hours=self.expected_gpu_hours,
+                            changes=self.changes, gate=self.gate, items=list(self.items))
 
 
 @dataclass
@@ -724,7 +712,7 @@ class AdmitContext:
 
     control: Control
     state: CampaignState
-    request: LaunchRequest
+    request: RunRequest
     edits: Changes = field(default_factory=Changes)
     candidate: GeneratedRecipe | None = None
     gate: dict[str, Any] | None = None
@@ -739,8 +727,20 @@ class AdmitContext:
         return self.control.spec
 
     @property
-    def search(self) -> bool:
-        return self.request.kind == "search"
+    def agent(self) -> LaunchRequest:
+        """The agent's request (the rules that read it apply to search and calibration runs only)."""
+        assert isinstance(self.request, LaunchRequest), "a rule for the agent's runs only"
+        return self.request
+
+    @property
+    def final(self) -> FinalRunRequest:
+        assert isinstance(self.request, FinalRunRequest), "a rule for the shipping step's runs only"
+        return self.request
+
+    @property
+    def steps(self) -> int | None:
+        """The run's length when it is not the workload's (a check run: the gate's convergence steps)."""
+        return self.spec.gate.convergence_steps if self.request.kind == RunKind.CHECK else None
 
     @property
     def cand(self) -> GeneratedRecipe:
@@ -762,7 +762,7 @@ def rule_started(ctx: AdmitContext) -> Refusal | None:
 def rule_paths_confined(ctx: AdmitContext) -> Refusal | None:
     """Before anything else: a path in the changes outside the run's directory is refused outright."""
     c = ctx.control
-    ctx.edits = parse_changes(ctx.request.changes)
+    ctx.edits = parse_changes(ctx.agent.changes)
     c.gen.confine(ctx.edits, c.run_dir(c._next_run_id(ctx.state, ctx.request)), c.workdir)
     return None
 
@@ -778,9 +778,7 @@ def rule_concurrency(ctx: AdmitContext) -> Refusal | None:
 
 def rule_calibration(ctx: AdmitContext) -> Refusal | None:
     """A calibration run is the baseline itself, while calibration still needs runs."""
-    req, state = ctx.request, ctx.state
-    if req.kind != "calibration":
-        return None
+    req, state = ctx.agent, ctx.state
     if not ctx.edits.empty or req.profile or req.base not in ("leader", "baseline"):
         return Refusal("bad_request", "a calibration run is the baseline itself: no changes, no profiling")
     required = state.calibration_runs_required
@@ -795,9 +793,7 @@ def rule_calibration(ctx: AdmitContext) -> Refusal | None:
 
 def rule_search_request(ctx: AdmitContext) -> Refusal | None:
     """A search launch states its hypothesis, lever and expected gain."""
-    req = ctx.request
-    if not ctx.search:
-        return None
+    req = ctx.agent
     missing = [n for n, v in (("hypothesis", req.hypothesis), ("lever", req.lever)) if not (v or "").strip()]
     if req.expected_gain is None or not math.isfinite(req.expected_gain):
         missing.append("expected_gain")
@@ -811,8 +807,6 @@ def rule_search_request(ctx: AdmitContext) -> Refusal | None:
 def rule_search_open(ctx: AdmitContext) -> Refusal | None:
     """Search launches run between calibration and the stop."""
     state = ctx.state
-    if not ctx.search:
-        return None
     if state.stop is not None:
         return Refusal("stopped", "the campaign has recorded a stop; no further search launches")
     if state.calibration is None:
@@ -824,9 +818,7 @@ def rule_search_open(ctx: AdmitContext) -> Refusal | None:
 
 def rule_search_candidate(ctx: AdmitContext) -> Refusal | None:
     """The candidate: the changes applied to the base recipe; it must differ from the baseline."""
-    if not ctx.search:
-        return None
-    req, c = ctx.request, ctx.control
+    req, c = ctx.agent, ctx.control
     ctx.candidate = c.gen.candidate(c._base_changes(ctx.state, req.base), ctx.edits, req.profile)
     if ctx.candidate.changes.empty and not req.profile:
         return Refusal("no_change", (
@@ -835,9 +827,26 @@ def rule_search_candidate(ctx: AdmitContext) -> Refusal | None:
     return None
 
 
+def rule_final_candidate(ctx: AdmitContext) -> Refusal | None:
+    """A check or re-measurement run is a measured recipe as it was (the baseline, or a finished search
+    run's), unprofiled; a check run is `gate.convergence_steps` long."""
+    req, c = ctx.final, ctx.control
+    if req.of == "baseline":
+        base = Changes()
+    else:
+        run = ctx.state.runs.get(req.of)
+        if run is None or run.kind != RunKind.SEARCH or run.status != "finished":
+            raise RunGenError("bad_request", f"{req.kind}: no finished search run {req.of!r}")
+        base = Changes(dict(run.changes.get("args") or {}), dict(run.changes.get("env") or {}))
+    ctx.candidate = c.gen.candidate(base, Changes(), False)
+    if ctx.steps is not None:
+        ctx.candidate = c.gen.with_steps(ctx.candidate, ctx.steps)
+    return None
+
+
 def rule_one_lever(ctx: AdmitContext) -> Refusal | None:
     """The skill's search rules (attune.control.search_rules); a profiled re-run of a recipe is no new candidate."""
-    if not ctx.search or (ctx.request.profile and ctx.edits.empty):
+    if ctx.agent.profile and ctx.edits.empty:
         return None
     from attune.control import search_rules
 
@@ -862,9 +871,7 @@ def rule_gate(ctx: AdmitContext) -> Refusal | None:
 
 def rule_code_locations(ctx: AdmitContext) -> Refusal | None:
     """A search launch records where the running image implements each flag it adds."""
-    if not ctx.search:
-        return None
-    req, spec = ctx.request, ctx.spec
+    req, spec = ctx.agent, ctx.spec
     new_flags = [f for f, v in ctx.edits.args.items()
                  if v is not None and v is not False and f not in spec.baseline.args]
     no_loc = [f for f in new_flags if not (req.code_locations.get(f) or "").strip()]
@@ -877,8 +884,6 @@ def rule_code_locations(ctx: AdmitContext) -> Refusal | None:
 
 def rule_identical(ctx: AdmitContext) -> Refusal | None:
     """A recipe is measured once; one retry of an infrastructure failure, on other nodes."""
-    if not ctx.search:
-        return None
     ident = ctx.control._identical(ctx.state, ctx.cand)
     if ident is None:
         return None
@@ -889,11 +894,16 @@ def rule_identical(ctx: AdmitContext) -> Refusal | None:
     return Refusal("identical", ident[1])
 
 
+def rule_expected_cost(ctx: AdmitContext) -> Refusal | None:
+    """The run's expected cost (the rules after it check it against the budget)."""
+    ctx.expected = ctx.control.expected_cost(ctx.state, ctx.request.kind, ctx.request.profile)
+    return None
+
+
 def rule_budget(ctx: AdmitContext) -> Refusal | None:
     """The expected cost fits what is left for search (search launches need the budget and an estimate)."""
-    req, b = ctx.request, ctx.state.budget
-    expected = ctx.expected = ctx.control.expected_cost(ctx.state, req.kind, req.profile)
-    if ctx.search:
+    b, expected = ctx.state.budget, ctx.expected
+    if ctx.request.kind == RunKind.SEARCH:
         if b.total is None:
             return Refusal("budget_unset", "the campaign's budget is not set yet")
         if expected is None:
@@ -908,6 +918,15 @@ def rule_budget(ctx: AdmitContext) -> Refusal | None:
     return None
 
 
+def rule_check_reserve(ctx: AdmitContext) -> Refusal | None:
+    """A check run is paid from the check reserve alone (`check_budget_refusal`)."""
+    expected = ctx.expected or 0.0
+    refusal = check_budget_refusal(ctx.state.budget, expected)
+    if refusal is not None:
+        return Refusal("budget", refusal, expected_gpu_hours=expected)
+    return None
+
+
 def rule_shape(ctx: AdmitContext) -> Refusal | None:
     """The resolved job (paths confined, inherited values too) matches the campaign's pinned shape."""
     c, cand = ctx.control, ctx.cand
@@ -915,16 +934,37 @@ def rule_shape(ctx: AdmitContext) -> Refusal | None:
     run_dir = c.run_dir(ctx.run_id)
     c.gen.confine(cand.changes, run_dir, c.workdir)  # inherited values too (a leader's)
     ctx.job = c.gen.resolve(cand, run_dir, c.workdir)
-    problems = c.gen.check_shape(ctx.job, ctx.request.profile)
+    problems = c.gen.check_shape(ctx.job, ctx.request.profile, steps=ctx.steps)
     if problems:
         return Refusal("shape", "the job does not match the campaign's pinned shape: " + "; ".join(problems))
     return None
 
 
-# The admission of a launch request, in order: the first rule that refuses decides. Rules may also
-# raise RunGenError (a path outside the run's directory, a bad base): a refusal with its code.
-ADMISSION_RULES: tuple[AdmissionRule, ...] = (
-    rule_started, rule_paths_confined, rule_concurrency, rule_calibration, rule_search_request,
-    rule_search_open, rule_search_candidate, rule_one_lever, rule_gate, rule_code_locations, rule_identical,
-    rule_budget, rule_shape,
+AGENT_KINDS: frozenset[RunKind] = frozenset({RunKind.SEARCH, RunKind.CALIBRATION})  # what the agent may ask for
+ALL_KINDS: frozenset[RunKind] = AGENT_KINDS | FINAL_KINDS
+_SEARCH = frozenset({RunKind.SEARCH})
+
+# The admission of every run, in order, each rule with the run kinds it applies to: the first rule that
+# refuses decides. The agent asks for search and calibration runs (`LaunchRequest`); the shipping step for
+# check and re-measurement runs (`FinalRunRequest`): no gate at admission for those (a check run is judged
+# on its resolved arguments afterwards), no identical-recipe rule, a check paid from the check reserve
+# alone, a re-measurement charged outside the budget. Rules may also raise RunGenError (a path outside the
+# run's directory, a bad base): a refusal with its code.
+ADMISSION_RULES: tuple[tuple[AdmissionRule, frozenset[RunKind]], ...] = (
+    (rule_started, ALL_KINDS),
+    (rule_paths_confined, AGENT_KINDS),
+    (rule_concurrency, ALL_KINDS),
+    (rule_calibration, frozenset({RunKind.CALIBRATION})),
+    (rule_search_request, _SEARCH),
+    (rule_search_open, _SEARCH),
+    (rule_search_candidate, _SEARCH),
+    (rule_final_candidate, FINAL_KINDS),
+    (rule_one_lever, _SEARCH),
+    (rule_gate, AGENT_KINDS),
+    (rule_code_locations, _SEARCH),
+    (rule_identical, _SEARCH),
+    (rule_expected_cost, ALL_KINDS),
+    (rule_budget, AGENT_KINDS),
+    (rule_check_reserve, frozenset({RunKind.CHECK})),
+    (rule_shape, ALL_KINDS),
 )

@@ -22,8 +22,6 @@ Everything here is pure: no files, no processes, no ledger.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
-import json
 import math
 import os
 import re
@@ -32,10 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attune.control.spec import ArgValue, CampaignSpec, is_env_name
+from attune.control.spec import CampaignSpec, is_env_name
 from attune.core.containment import inside
 from attune.core.errors import ControlError
 from attune.core.job import JobSpec
+from attune.core.recipe import ArgValue, Recipe, render_args
+from attune.core.recipe import norm_value as _norm
 
 # The flags that pin the workload's shape, per framework: (sequence length, global batch, steps).
 PINNED_FLAGS: dict[str, dict[str, str]] = {
@@ -55,7 +55,7 @@ PLACEHOLDERS = ("gpus", "gpus_per_node", "nodes", "run_dir")
 MAX_VALUE_CHARS = 4096
 # A candidate's flag names: --name, then letters, digits, '_', '-', '.' (no '=', no spaces, no quotes).
 CANDIDATE_FLAG = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}")
-# A value is split on these into pieces; each piece that looks like a path is confined.
+# A value is split on these into pieces; every piece is confined as a path (see confine_paths).
 _PATH_SPLIT = re.compile(r"[,;:=\s]+")
 
 
@@ -97,7 +97,21 @@ class GeneratedRecipe:
 # ----------------------------------------------------------------------------------------- values
 
 
-def _check_value(where: str, value: Any) -> ArgValue:
+def _smuggles_option(value: str) -> bool:
+    """True when a flag value carries a word the job's argument parser would read as another option.
+
+    A value's words become separate command-line words (list-valued flags), so `"x --train-iters 9"`
+    would set a second, unchecked flag; a word starting with '-' is allowed only as a number."""
+    for word in value.split():
+        if word.startswith("-"):
+            try:
+                float(word)
+            except ValueError:
+                return True
+    return False
+
+
+def _check_value(where: str, value: Any, *, flag: bool = False) -> ArgValue:
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, int):
@@ -110,6 +124,12 @@ def _check_value(where: str, value: Any) -> ArgValue:
         if len(value) > MAX_VALUE_CHARS or any(c in value for c in "\x00\n\r"):
             raise RunGenError(
                 "bad_change", f"{where}: expected a one-line string of at most {MAX_VALUE_CHARS} characters"
+            )
+        if flag and _smuggles_option(value):
+            raise RunGenError(
+                "bad_change",
+                f"{where}: a value word starts with '-' and is not a number; it would be read as another "
+                "flag (set each flag under its own key)",
             )
         return value
     raise RunGenError(
@@ -135,7 +155,7 @@ def parse_changes(obj: Any) -> Changes:
             raise RunGenError("bad_change", (
                 f"changes.args: {str(k)[:120]!r} is not a flag name (expected --name of letters, digits, "
                 "'_', '-' and '.', at most 102 characters; a value goes in the value, not after '=')"))
-        args[k] = _check_value(f"changes.args[{k}]", v)
+        args[k] = _check_value(f"changes.args[{k}]", v, flag=True)
     env: dict[str, str | None] = {}
     for k, v in env_in.items():
         if not is_env_name(k):
@@ -146,48 +166,18 @@ def parse_changes(obj: Any) -> Changes:
     return Changes(args, env)
 
 
-def render_value(value: ArgValue) -> list[str]:
-    """How one flag's value appears on the command line (after the flag)."""
-    if value is True:
-        return []
-    if isinstance(value, float):
-        return [repr(value)]
-    if isinstance(value, str) and value.split() and len(value.split()) > 1:
-        return value.split()  # a list-valued flag (nargs="+"): "0 16 32" is three words on the command line
-    return [str(value)]
-
-
-def render_args(args: Mapping[str, ArgValue]) -> list[str]:
-    out: list[str] = []
-    for flag, value in args.items():
-        if value is None or value is False:
-            continue
-        out.append(flag)
-        out.extend(render_value(value))
-    return out
-
-
-def _norm(value: ArgValue) -> Any:
-    """A value as the command line sees it: 4 and "4" are the same; None and False both mean absent."""
-    if value is None or value is False:
-        return None
-    if value is True:
-        return True
-    return render_value(value)[0]
-
-
-def _looks_like_path(piece: str) -> bool:
-    return "/" in piece or piece.startswith("~") or piece in (".", "..")
-
-
 def confine_paths(changes: Changes, run_dir: Path, workdir: Path, ctx: Mapping[str, Any]) -> None:
-    """Refuse a candidate whose flag or variable values name a path outside the run's own directory.
+    """Refuse a candidate whose flag or variable values could name a path outside the run's own directory.
 
     The rule, for every flag and variable the candidate sets (listed or not): its value (after the
-    placeholders are filled) is split on ',', ';', ':', '=' and white space; every piece that looks
-    like a path (it contains '/', starts with '~', or is '.' or '..') is resolved (a relative one
-    against the job's working directory, symbolic links followed) and must land inside the run's own
-    directory. `~` is never expanded. Write `{run_dir}/name` to name a file of the run."""
+    placeholders are filled) is split on ',', ';', ':', '=' and white space, and *every* piece is taken
+    for a path, whatever its spelling: a bare name (`policy.yaml`, `ledger.jsonl`) as much as one with a
+    '/'. A relative piece is resolved against the run's directory, which is the job's working directory
+    on every backend, symbolic links followed, and must land inside it; an absolute one must name a
+    place inside it too; `~` is never expanded and is refused. A word that is no path at all (`full`,
+    `4`, `Ring`) resolves inside the run and passes. `workdir` (the code's directory) is no base for
+    a candidate's paths: jobs do not run there. Write `{run_dir}/name` or a bare `name`."""
+    del workdir  # kept in the signature: callers pass the campaign's code directory
     base = os.path.realpath(run_dir)
     items = [(f"changes.args[{k}]", v) for k, v in changes.args.items()]
     items += [(f"changes.env[{k}]", v) for k, v in changes.env.items()]
@@ -196,17 +186,30 @@ def confine_paths(changes: Changes, run_dir: Path, workdir: Path, ctx: Mapping[s
             continue
         text = substitute(value, ctx)
         for piece in _PATH_SPLIT.split(text):
-            if not piece or not _looks_like_path(piece):
+            if not piece:
                 continue
             if piece.startswith("~"):
                 raise RunGenError("path_outside_run", (
                     f"{where}: {piece!r} names a home directory; a path in a candidate's value must be inside the "
                     "run's own directory (write {run_dir}/name)"))
-            real = os.path.realpath(os.path.join(workdir, piece))
+            real = os.path.realpath(os.path.join(base, piece))
             if not inside(real, base):
                 raise RunGenError("path_outside_run", (
                     f"{where}: {piece!r} resolves to {real}, outside the run's own directory: a path in a "
                     "candidate's value must be inside it (write {run_dir}/name)"))
+
+
+def job_command(command: list[str] | tuple[str, ...], ctx: Mapping[str, Any], workdir: Path) -> list[str]:
+    """The baseline command with placeholders filled and, since a job runs in its run directory, every
+    relative word that names a file of the code directory (`examples/tinygpt/train.py`, `pretrain_gpt.py`)
+    made absolute against it. The command is the campaign's own (trusted), not a candidate's."""
+    out = []
+    for part in command:
+        word = substitute(part, ctx)
+        if word and not word.startswith("-") and not os.path.isabs(word) and os.path.exists(os.path.join(workdir, word)):
+            word = os.path.join(os.path.abspath(workdir), word)
+        out.append(word)
+    return out
 
 
 def substitute(text: str, ctx: Mapping[str, Any]) -> str:
@@ -225,6 +228,7 @@ class RunGenerator:
     def __init__(self, spec: CampaignSpec) -> None:
         self.spec = spec
         self.baseline = spec.baseline
+        self.base_recipe = Recipe(dict(spec.baseline.args), dict(spec.baseline.env))
         pinned = PINNED_FLAGS.get(spec.framework, {})
         self.pinned_flags = set(pinned.values())
         self.fixed_args = set(spec.control.stack_fixes.args)
@@ -270,59 +274,23 @@ class RunGenerator:
     # --- recipes ----------------------------------------------------------------------------
     def apply(self, changes: Changes) -> tuple[dict[str, ArgValue], dict[str, str]]:
         """The recipe the full `changes` make of the baseline: (args, env)."""
-        args = dict(self.baseline.args)
-        for k, v in changes.args.items():
-            if v is None or v is False:
-                args.pop(k, None)
-            else:
-                args[k] = v
-        env = dict(self.baseline.env)
-        for k, v in changes.env.items():
-            if v is None:
-                env.pop(k, None)
-            else:
-                env[k] = v
-        return args, env
+        r = self.base_recipe.with_changes(changes.args, changes.env)
+        return dict(r.args), dict(r.env)
 
     def diff(self, args: Mapping[str, ArgValue], env: Mapping[str, str]) -> Changes:
         """The difference of a recipe from the baseline (None marks a removed flag or variable)."""
-        base_args = {k: _norm(v) for k, v in self.baseline.args.items() if _norm(v) is not None}
-        out_args: dict[str, ArgValue] = {}
-        for k, v in args.items():
-            if _norm(v) is None:
-                continue
-            if base_args.get(k) != _norm(v):
-                out_args[k] = v
-        for k in base_args:
-            if _norm(args.get(k)) is None:
-                out_args[k] = None
-        out_env: dict[str, str | None] = {k: v for k, v in env.items() if self.baseline.env.get(k) != v}
-        for k in self.baseline.env:
-            if k not in env:
-                out_env[k] = None
-        return Changes(dict(sorted(out_args.items())), dict(sorted(out_env.items())))
+        return Changes(*Recipe(args, env).diff(self.base_recipe))
 
     def candidate(self, base: Changes, edits: Changes, profile: bool) -> GeneratedRecipe:
         """Compose `edits` onto the recipe `base` (a difference from the baseline)."""
         self.check_edits(edits)
-        args, env = self.apply(base)
-        for k, v in edits.args.items():
-            if v is None or v is False:
-                args.pop(k, None)
-            else:
-                args[k] = v
-        for k, v in edits.env.items():
-            if v is None:
-                env.pop(k, None)
-            else:
-                env[k] = v
-        full = self.diff(args, env)
-        return GeneratedRecipe(full, args, env, profile, self.recipe_key(args, env, profile))
+        r = self.base_recipe.with_changes(base.args, base.env).with_changes(edits.args, edits.env, profile)
+        args, env = dict(r.args), dict(r.env)
+        return GeneratedRecipe(self.diff(args, env), args, env, profile, r.key)
 
     def recipe_key(self, args: Mapping[str, ArgValue], env: Mapping[str, str], profile: bool) -> str:
-        norm_args = {k: _norm(v) for k, v in args.items() if _norm(v) is not None}
-        body = {"args": dict(sorted(norm_args.items())), "env": dict(sorted(env.items())), "profile": bool(profile)}
-        return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+        """The recipe's identity (`attune.core.recipe.Recipe.key`)."""
+        return Recipe(args, env, profile).key
 
     # --- jobs -------------------------------------------------------------------------------
     def placeholders(self, run_dir: Path) -> dict[str, Any]:
@@ -370,7 +338,7 @@ class RunGenerator:
         env = dict(cand.env)
         env.update(self.spec.control.stack_fixes.env)
         env = {k: substitute(v, ctx) for k, v in env.items()}
-        command = [substitute(part, ctx) for part in self.baseline.command]
+        command = job_command(self.baseline.command, ctx, workdir)
         argv = tuple(command + render_args(args))
         c = self.spec.cluster
         return JobSpec(job_id=run_dir.name, campaign=self.spec.name, argv=argv, env=env, workdir=workdir,
@@ -412,7 +380,7 @@ class RunGenerator:
             problems.append(f"the job asks for {job.gpus_per_node} GPUs per node; the campaign pins {c.gpus_per_node}")
         if job.image != self.baseline.image:
             problems.append(f"the job's image {job.image!r} is not the campaign's image {self.baseline.image!r}")
-        command = [substitute(part, self.placeholders(job.run_dir)) for part in self.baseline.command]
+        command = job_command(self.baseline.command, self.placeholders(job.run_dir), job.workdir)
         if list(job.argv[: len(command)]) != command:
             problems.append("the job's command is not the campaign's baseline command")
         expected = self.expected_pins(profile, steps)

@@ -33,19 +33,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from attune.control.spec import CampaignSpec
+from attune.core.recipe import LAYOUT_FLAGS, MICRO_BATCH_FLAG, ParallelDims, Recipe, as_int, norm_value
 from attune.core.state import CampaignState, RunState
 from attune.core.vocab import RunKind, RunOutcome, Verdict
 
-ArgValue = Any
-LAYOUT_FLAGS = {
-    "tp": "--tensor-model-parallel-size",
-    "pp": "--pipeline-model-parallel-size",
-    "cp": "--context-parallel-size",
-    "ep": "--expert-model-parallel-size",
-    "etp": "--expert-tensor-parallel-size",
-    "vp": "--num-virtual-stages-per-pipeline-rank",
-    "mbs": "--micro-batch-size",
-}
 DIMENSIONS = ("tp", "pp", "ep", "cp", "dp")
 RECOMPUTE_RANK = {None: 0, "none": 0, "selective": 1, "full": 2}
 OFFLOAD_FLAGS = ("--optimizer-cpu-offload", "--cpu-offloading")
@@ -82,7 +73,15 @@ def budget_exhausted(state: CampaignState) -> bool:
         return True
     left = b.search_remaining
     charges = [state.runs[r].charge_gpu_hours for r in state.calibration_run_ids if r in state.runs]
-    return left is not None and bool(charges) and left < sum(charges) / len(charges)
+    if left is not None and bool(charges) and left < sum(charges) / len(charges):
+        return True
+    # The control plane's own evidence: the last launch was a search run refused because its expected
+    # cost does not fit what is left, and nothing is in flight that could give budget back.
+    last = state.refusals[-1] if state.refusals else None
+    return (last is not None and last.get("code") == "budget" and last.get("kind") == RunKind.SEARCH
+            and not state.in_flight and last.get("seq", -1) > max(
+                (r.admitted_seq for r in state.runs.values() if getattr(r, "admitted_seq", None) is not None),
+                default=-1))
 
 
 def enforced(state: CampaignState) -> bool:
@@ -95,20 +94,9 @@ def enforced(state: CampaignState) -> bool:
 
 def recipe(spec: CampaignSpec, changes: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, str]]:
     """A run's full arguments and environment: the baseline with the run's changes applied."""
-    args = dict(spec.baseline.args)
-    env = dict(spec.baseline.env)
     ch = changes or {}
-    for k, v in (ch.get("args") or {}).items():
-        if v is None or v is False:
-            args.pop(k, None)
-        else:
-            args[k] = v
-    for k, v in (ch.get("env") or {}).items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = str(v)
-    return args, env
+    r = Recipe(spec.baseline.args, spec.baseline.env).with_changes(ch.get("args"), ch.get("env"))
+    return dict(r.args), dict(r.env)
 
 
 def leader_recipe(spec: CampaignSpec, state: CampaignState) -> tuple[dict[str, Any], dict[str, str]]:
@@ -116,21 +104,9 @@ def leader_recipe(spec: CampaignSpec, state: CampaignState) -> tuple[dict[str, A
     return recipe(spec, run.changes if run is not None else None)
 
 
-def _int(v: Any, default: int) -> int:
-    if v is None or v is False or v is True:
-        return default
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return default
-
-
 def degrees(args: Mapping[str, Any], gpus: int) -> dict[str, int]:
-    """The parallel degrees a recipe's arguments set (DP derived from the GPU count)."""
-    d = {k: _int(args.get(f), 1) for k, f in LAYOUT_FLAGS.items()}
-    d["etp"] = _int(args.get(LAYOUT_FLAGS["etp"]), d["tp"])
-    d["dp"] = max(1, gpus // max(1, d["tp"] * d["pp"] * d["cp"]))
-    return d
+    """The parallel degrees a recipe's arguments set (DP derived from the GPU count) and its micro batch."""
+    return {**ParallelDims.from_args(args, gpus).as_dict(), "mbs": as_int(args.get(MICRO_BATCH_FLAG), 1)}
 
 
 def layout_key(args: Mapping[str, Any], gpus: int) -> tuple[int, ...]:
@@ -203,10 +179,7 @@ def _coupled(spec: CampaignSpec) -> dict[str, frozenset[str]]:
 def changed_names(a_args: Mapping[str, Any], a_env: Mapping[str, str], b_args: Mapping[str, Any],
                   b_env: Mapping[str, str]) -> list[str]:
     """Flags and variables whose value differs between two recipes."""
-    def norm(v: Any) -> Any:
-        return None if v is None or v is False else str(v)
-
-    out = [k for k in sorted(set(a_args) | set(b_args)) if norm(a_args.get(k)) != norm(b_args.get(k))]
+    out = [k for k in sorted(set(a_args) | set(b_args)) if norm_value(a_args.get(k)) != norm_value(b_args.get(k))]
     out += [k for k in sorted(set(a_env) | set(b_env)) if a_env.get(k) != b_env.get(k)]
     return out
 
@@ -243,6 +216,28 @@ def coupled_groups(spec: CampaignSpec, names: Iterable[str]) -> list[list[str]]:
     return groups
 
 
+def _forced_followers(spec: CampaignSpec, leader: Mapping[str, Any], args: Mapping[str, Any],
+                      names: list[str]) -> set[str]:
+    """Changed flags the framework's argument rules force (`attune.knowledge.coherence`): undoing the
+    change alone would make the recipe incoherent, so they move with the lever, not as a lever."""
+    from attune.knowledge.coherence import FOLLOWER_FLAGS, cohere
+
+    layers = as_int(spec.baseline.args.get("--num-layers"), 0) or None
+    out: set[str] = set()
+    for n in names:
+        if n not in FOLLOWER_FLAGS:
+            continue
+        undone = {k: v for k, v in args.items() if k != n}
+        if leader.get(n) not in (None, False):
+            undone[n] = leader[n]
+        got = cohere(undone, layers=layers, before=leader).get(n)
+        want = args.get(n)
+        if (got in (None, False)) == (want in (None, False)) and str(got) == str(want) or (
+                got in (None, False) and want in (None, False)):
+            out.add(n)
+    return out
+
+
 def check_one_lever(spec: CampaignSpec, state: CampaignState, args: Mapping[str, Any],
                     env: Mapping[str, str]) -> RuleRefusal | None:
     """Rule 2: the candidate changes one lever or one coupled set relative to the leader."""
@@ -251,7 +246,8 @@ def check_one_lever(spec: CampaignSpec, state: CampaignState, args: Mapping[str,
     l_args, l_env = leader_recipe(spec, state)
     profile = set(spec.control.profile_args)
     names = [n for n in changed_names(l_args, l_env, args, env) if n not in profile]
-    groups = coupled_groups(spec, names)
+    forced = _forced_followers(spec, l_args, args, names)
+    groups = coupled_groups(spec, [n for n in names if n not in forced] or names)
     if len(groups) <= 1:
         return None
     items = [" + ".join(g) + f" ({', '.join(sorted(set().union(*(levers_of(spec, n) for n in g))))})"
@@ -314,7 +310,7 @@ def _at_limit(spec: CampaignSpec, flag: str, value: Any, feasible: dict[str, lis
             return True
     dim = next((d for d, f in LAYOUT_FLAGS.items() if f == flag), None)
     if feasible and dim in feasible and feasible[dim]:
-        v = _int(value, -1)
+        v = as_int(value, -1)
         return v in (min(feasible[dim]), max(feasible[dim]))
     return False
 
@@ -344,7 +340,7 @@ def _feasible_degrees(model: str, gpus: int, gpn: int, seq: int | None, gbs: int
 
 
 def feasible_degrees(spec: CampaignSpec) -> dict[str, list[int]] | None:
-    mbs = _int(spec.baseline.args.get("--micro-batch-size"), 1)
+    mbs = as_int(spec.baseline.args.get("--micro-batch-size"), 1)
     return _feasible_degrees(spec.model, spec.cluster.gpus, spec.cluster.gpus_per_node, spec.workload.seq_length,
                              spec.workload.global_batch, mbs)
 

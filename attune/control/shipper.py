@@ -1,13 +1,14 @@
 """Shipping, executed: the actions `attune.control.shipping.plan` decides, carried out through the control plane.
 
 `attune.control.shipping` is the policy (pure functions of the campaign's state); this module acts on it:
-it admits the check and re-measurement runs through `Control.admit_final` (the broker submits
-them), runs the gate on a finished check run's logs and records its `check_run` verdict, records
-`remeasurement` rows, appends `shipped` and `campaign_failed`, and writes `shipped/` (job.json,
-run.sh, the backend's job script, evidence.json). It imports both `attune.control.plane` and
-`attune.control.shipping`; neither imports it.
+it admits the check and re-measurement runs through `Control.admit`'s one rule pipeline (a
+`FinalRunRequest`; the run lifecycle hands them to the broker to submit), runs the gate on a finished
+check run's logs and records its `check_run` verdict, records `remeasurement` rows, appends `shipped`
+and `campaign_failed`, and writes `shipped/` (job.json, run.sh, the backend's job script,
+evidence.json). It imports both `attune.control.plane` and `attune.control.shipping`; neither imports it.
 
-`advance(control)` is the step the broker takes on each poll once the campaign has stopped.
+`advance(control)` is the step the run lifecycle (`attune.control.lifecycle`) takes on each monitor
+step once the campaign has stopped.
 """
 
 from __future__ import annotations
@@ -20,16 +21,17 @@ from typing import Any
 
 from attune.control import shipping
 from attune.control.campaign import campaign_lock
-from attune.control.plane import Admission, Control, load_gate_list
-from attune.control.rungen import Changes, render_value, substitute
+from attune.control.plane import Control, FinalRunRequest, LaunchAnswer, load_gate_list
+from attune.control.rungen import Changes, substitute
 from attune.core.campaign_paths import RUN_JOB, RUN_LOG, SHIPPED_DIR, SHIPPED_EVIDENCE
+from attune.core.recipe import render_value
 from attune.core.state import CampaignState, RunState
 from attune.core.vocab import RunOutcome, ShipAction
 
 MAX_STEPS = 16  # verdicts and re-measurements recorded in one advance (one is due per finished run)
 
 
-def advance(control: Control, backend: Any = None) -> Admission | None:
+def advance(control: Control, backend: Any = None) -> LaunchAnswer | None:
     """Take the next shipping steps: record what the last run's end calls for (a check run's verdict, a
     re-measurement), then admit the next run (returned for the caller to submit), or ship, fail or
     finish the evidence. Returns None when no run is to be submitted."""
@@ -43,7 +45,7 @@ def advance(control: Control, backend: Any = None) -> Admission | None:
         return None
     if action.kind in ("check", "remeasure"):
         assert action.of is not None
-        decision = control.admit_final(action.kind, action.of)
+        decision = control.admit(FinalRunRequest(kind=action.kind, of=action.of))
         return decision if decision.admitted else None
     if action.kind == ShipAction.SHIP:
         assert action.of is not None
@@ -229,8 +231,8 @@ def write_shipped(control: Control, state: CampaignState, backend: Any = None) -
 
     lines = [
         "#!/bin/sh",
-        f"# The recipe attune shipped for campaign {spec.name}: {run_id}",
-        f"# Changes from the baseline: {_describe(changes) or 'none (the baseline ships)'}",
+        _comment(f"The recipe attune shipped for campaign {spec.name}: {run_id}"),
+        _comment(f"Changes from the baseline: {_describe(changes) or 'none (the baseline ships)'}"),
         f"# {spec.cluster.gpus} GPU(s), {spec.cluster.gpus_per_node} per node; correctness evidence: evidence.json",
         "# The run length is the campaign's measurement length: set the steps you need for training.",
         "# Usage: RUN_DIR=/path/for/outputs sh run.sh",
@@ -314,6 +316,11 @@ def _describe(ch: Changes) -> str:
 
     parts = [f"{k}={show(v)}" for k, v in ch.args.items()] + [f"{k}={show(v)}" for k, v in ch.env.items()]
     return ", ".join(parts)
+
+
+def _comment(text: str) -> str:
+    """A `# ...` line no value can break out of (a character that is not printable becomes '?')."""
+    return "# " + "".join(c if c.isprintable() else "?" for c in text)
 
 
 def _write(path: Path, text: str, mode: int | None = None) -> None:

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from attune.core import yamlsubset
 from attune.core.campaign_paths import CAMPAIGN_FILE
 from attune.core.errors import ControlError
+from attune.core.recipe import ArgValue
 from attune.readers.bounded import BoundedSafeLoader, InputError, check_strings, read_bytes, read_text
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "campaign.schema.json"
@@ -30,7 +31,6 @@ SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "campaign.schema
 Backend = Literal["local", "slurm", "sim", "ray"]
 Framework = Literal["megatron-lm", "megatron-bridge", "torchtitan"]
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
-ArgValue = str | int | float | bool | None
 
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]

@@ -22,7 +22,7 @@ class JobSpec:
     campaign: str
     argv: tuple[str, ...]  # the full command line, placeholders already substituted
     env: dict[str, str]  # the job's own environment (added to a minimal base environment)
-    workdir: Path  # the job's working directory
+    workdir: Path  # the code directory: relative command words resolve here; the job runs in run_dir
     run_dir: Path  # the job writes its log (log.txt) and outputs here
     gpus: int
     gpus_per_node: int

@@ -158,6 +158,11 @@ class Lesson(_Strict):
     applies_when: str | None = None
     evidence: str | None = None
     added: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}$", description="UTC date the lesson was added")
+    author: str | None = Field(None, max_length=200, description=(
+        "who wrote it: 'agent (campaign <dir>)' for a lesson an agent proposed, 'person' otherwise"))
+    accepted: str | None = Field(None, max_length=200, description=(
+        "who accepted an agent's lesson and when (a person, `attune catalog accept-lesson`); agent lessons wait "
+        "in lessons.pending.yaml until then"))
 
 
 class LessonList(BaseModel):

@@ -215,6 +215,19 @@ def default_lessons_path() -> Path:
     return Path(env) if env else LESSONS_PATH
 
 
+PENDING_NAME = "lessons.pending.yaml"
+
+
+def pending_path(lessons: Path | str) -> Path:
+    """Where lessons an agent proposed wait for a person (beside the lessons file; no agent is told to read it)."""
+    return Path(lessons).with_name(PENDING_NAME)
+
+
+def _clean(text: str) -> str:
+    """One line of printable text: control characters (terminal escapes among them) dropped."""
+    return " ".join("".join(c if c.isprintable() else " " for c in text).split())
+
+
 def add_lesson(
     path: Path | str | None,
     *,
@@ -225,13 +238,20 @@ def add_lesson(
     levers_path: Path | str | None = None,
     models_path: Path | str | None = None,
     today: _dt.date | None = None,
+    author: str | None = None,
+    pending: bool = False,
 ) -> dict[str, Any]:
-    """Validate a lesson and append it to the lessons file; return the entry written.
+    """Validate a lesson and append it to the lessons file (or, `pending`, to the file of lessons waiting for a
+    person: lessons.pending.yaml beside it); return the entry written.
 
     Raises LessonRefused (content rules) or LessonError (bad file, duplicate). Nothing is
     written unless every check passes.
     """
     p = Path(path) if path else default_lessons_path()
+    accepted_file = p
+    if pending:
+        p = pending_path(p)
+    rule, applies_when, evidence = (_clean(x) if isinstance(x, str) else x for x in (rule, applies_when, evidence))
     entry: dict[str, Any] = {"lever": lever, "rule": " ".join(rule.split()) if isinstance(rule, str) else rule}
     if applies_when:
         entry["applies_when"] = " ".join(applies_when.split())
@@ -245,14 +265,16 @@ def add_lesson(
     with _locked(p):
         old_text = p.read_text(encoding="utf-8") if p.exists() else ""
         existing = read_lessons(p)
-        for e in existing:
+        both = existing + (read_lessons(accepted_file) if pending else read_lessons(pending_path(p)))
+        for e in both:
             if e.get("lever") == entry["lever"] and _norm(str(e.get("rule", ""))) == _norm(entry["rule"]):
                 raise LessonError(f"already recorded as {e.get('id')}: the same rule for lever {lever!r}")
-        numbers = [int(m.group(1)) for e in existing if (m := re.fullmatch(r"L(\d+)", str(e.get("id", ""))))]
+        numbers = [int(m.group(1)) for e in both if (m := re.fullmatch(r"L(\d+)", str(e.get("id", ""))))]
         entry = {
             "id": f"L{(max(numbers) + 1 if numbers else 1):04d}",
             **entry,
             "added": (today or _dt.datetime.now(_dt.UTC).date()).isoformat(),
+            **({"author": _clean(author)[:200]} if author else {}),
         }
         block = yaml.safe_dump([entry], sort_keys=False, allow_unicode=True, width=100)
         if old_text and not old_text.endswith("\n"):
@@ -261,22 +283,47 @@ def add_lesson(
         parsed = load_yaml(new_text)
         if not isinstance(parsed, list) or parsed[-1] != entry:  # pragma: no cover - a guard
             raise LessonError(f"{p}: appending would not yield a valid lesson list; nothing written")
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(new_text)
-                f.flush()
-                os.fsync(f.fileno())
-            if p.exists():
-                os.chmod(tmp, p.stat().st_mode & 0o777)
-            os.replace(tmp, p)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        dfd = os.open(p.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        _replace(p, new_text)
     return entry
+
+
+def accept_lesson(path: Path | str | None, lesson_id: str, who: str, *, today: _dt.date | None = None) -> dict[str, Any]:
+    """A person accepts a lesson an agent proposed: it moves from lessons.pending.yaml into the lessons file,
+    marked with who accepted it and when. Raises LessonError when no pending lesson has that id."""
+    p = Path(path) if path else default_lessons_path()
+    pend = pending_path(p)
+    with _locked(p):
+        waiting = read_lessons(pend)
+        match = [e for e in waiting if e.get("id") == lesson_id]
+        if not match:
+            raise LessonError(f"no pending lesson {lesson_id!r} in {pend}")
+        entry = {**match[0], "accepted": f"{_clean(who)[:120]} on {(today or _dt.datetime.now(_dt.UTC).date()).isoformat()}"}
+        old_text = p.read_text(encoding="utf-8") if p.exists() else ""
+        if old_text and not old_text.endswith("\n"):
+            old_text += "\n"
+        _replace(p, old_text + yaml.safe_dump([entry], sort_keys=False, allow_unicode=True, width=100))
+        rest = [e for e in waiting if e.get("id") != lesson_id]
+        _replace(pend, yaml.safe_dump(rest, sort_keys=False, allow_unicode=True, width=100) if rest else "")
+    return entry
+
+
+def _replace(p: Path, new_text: str) -> None:
+    """Write a file atomically (a temporary file, fsync, rename, fsync of the folder)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(new_text)
+            f.flush()
+            os.fsync(f.fileno())
+        if p.exists():
+            os.chmod(tmp, p.stat().st_mode & 0o777)
+        os.replace(tmp, p)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(p.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,7 +30,14 @@ from attune.knowledge.layouts import (
     load_yaml,
     model_from_mapping,
 )
-from attune.knowledge.lessons import LESSONS_ENV, LessonError, LessonRefused, add_lesson, default_lessons_path
+from attune.knowledge.lessons import (
+    LESSONS_ENV,
+    LessonError,
+    LessonRefused,
+    add_lesson,
+    default_lessons_path,
+    pending_path,
+)
 from attune.knowledge.memory_estimate import RECOMPUTE_MODULES, MemoryOptions, accelerator_gib, estimate
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -413,12 +421,19 @@ def add_lesson_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON document")
 
 
-def run_add_lesson(args: argparse.Namespace, prog: str) -> int:
+def agent_author() -> str:
+    """Who proposes a lesson through the skill's script: an agent, of the campaign it runs in."""
+    where = os.environ.get("CLAUDE_PROJECT_DIR") or os.getcwd()
+    return f"agent (campaign {os.path.basename(os.path.normpath(where))})"
+
+
+def run_add_lesson(args: argparse.Namespace, prog: str, *, pending: bool = False, author: str | None = None) -> int:
+    """Append a lesson; `pending` (an agent's proposal): to lessons.pending.yaml, until a person accepts it."""
     path = args.file or default_lessons_path()
     try:
         entry = add_lesson(
             path, lever=args.lever, rule=args.rule, applies_when=args.applies_when, evidence=args.evidence,
-            levers_path=args.levers_file,
+            levers_path=args.levers_file, pending=pending, author=author,
         )
     except LessonRefused as exc:
         if args.json:
@@ -432,16 +447,21 @@ def run_add_lesson(args: argparse.Namespace, prog: str) -> int:
             _emit({"added": False, "file": str(path), "error": str(exc)})
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    written = pending_path(path) if pending else path
     if args.json:
-        _emit({"added": True, "file": str(path), "lesson": entry})
+        _emit({"added": True, "pending": pending, "file": str(written), "lesson": entry})
+    elif pending:
+        print(f"proposed {entry['id']}: it waits in {written} until a person accepts it "
+              f"(attune catalog accept-lesson {entry['id']})")
     else:
         print(f"added {entry['id']} to {path}")
     return EXIT_OK
 
 
 def add_lesson_main(argv: Sequence[str] | None = None) -> int:
+    """The skill's script: an agent proposes; the lesson waits (pending) for a person."""
     p = add_lesson_parser()
-    return run_add_lesson(p.parse_args(argv), "add_lesson.py")
+    return run_add_lesson(p.parse_args(argv), "add_lesson.py", pending=True, author=agent_author())
 
 
 # --------------------------------------------------------------------------- levers.py

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from attune.core.errors import SimError
+from attune.core.recipe import ArgValue, parse_argv
 from attune.knowledge.layouts import LayoutError, ModelDims, find_model
 from attune.sim.hardware import Accelerator, HardwareError, accelerator
-from attune.sim.recipe import ArgValue, RecipeError, parse_argv
+from attune.sim.recipe import RecipeError
 
 PROGRAM_SUFFIXES = (".py",)
 

@@ -1,6 +1,6 @@
 """A Megatron-LM command line, read the way the simulator needs it.
 
-`parse_argv` turns `--flag value` / bare `--flag` / `--no-flag` tokens into a flag mapping;
+`parse_argv` (`attune.core.recipe`) turns `--flag value` / bare `--flag` / `--no-flag` tokens into a flag mapping;
 `build_recipe` resolves that mapping (with the model's shapes, the accelerator and the GPU count)
 into a `SimRecipe`: the parallel layout, the schedule, recomputation, the MoE dispatcher, the
 overlaps, optimizer offload, precision and the objective-defining settings. It applies Megatron's
@@ -22,11 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attune.core.errors import SimError
+from attune.core.recipe import ArgValue, render_args
 from attune.knowledge.layouts import Layout, LayoutError, ModelDims, layout_from_degrees
 from attune.knowledge.memory_estimate import RECOMPUTE_MODULES
 from attune.sim.hardware import GPUS_PER_NODE, Accelerator
-
-ArgValue = str | int | float | bool | None
 
 
 class RecipeError(SimError, ValueError):
@@ -36,44 +35,7 @@ class RecipeError(SimError, ValueError):
 # ------------------------------------------------------------------------------------ argv
 
 
-def parse_argv(argv: Sequence[str]) -> tuple[list[str], dict[str, ArgValue]]:
-    """Split a command line into (the program part, {--flag: value}).
-
-    A token starting with `--` is a flag; the next token is its value unless it is another flag
-    (then the flag is bare: True). `--flag=value` works too. Repeated values (`--recompute-modules
-    core_attn moe_act`) are joined with spaces. `--no-x` is kept as written.
-    """
-    prog: list[str] = []
-    args: dict[str, ArgValue] = {}
-    i = 0
-    toks = list(argv)
-    while i < len(toks) and not toks[i].startswith("--"):
-        prog.append(toks[i])
-        i += 1
-    current: str | None = None
-    while i < len(toks):
-        t = toks[i]
-        if t.startswith("--") and len(t) > 2:
-            name, eq, val = t.partition("=")
-            current = name
-            args[name] = val if eq else True
-        elif current is not None:
-            prev = args[current]
-            args[current] = t if prev is True else f"{prev} {t}"
-        i += 1
-    return prog, args
-
-
-def render_argv(args: Mapping[str, ArgValue]) -> list[str]:
-    """The inverse: a bare flag for True, nothing for False/None, the value otherwise."""
-    out: list[str] = []
-    for flag, value in args.items():
-        if value is None or value is False:
-            continue
-        out.append(flag)
-        if value is not True:
-            out.append(repr(value) if isinstance(value, float) else str(value))
-    return out
+render_argv = render_args  # the one argv renderer; `parse_argv` (attune.core.recipe) is its parser
 
 
 def shell_line(argv: Sequence[str]) -> str:

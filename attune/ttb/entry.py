@@ -20,12 +20,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from attune.core.errors import TTBError
+from attune.core.recipe import ArgValue
 
 SCHEMA_VERSION = "ttb-entry-v1"
 ENTRY_FILE = "entry.json"
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "ttb-entry.schema.json"
 SIM_LABEL = "simulated, not a measurement"
-ArgValue = str | int | float | bool | None
 
 
 class _Strict(BaseModel):

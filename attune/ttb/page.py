@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import quote
 
 from attune.ttb.entry import SIM_LABEL, Entry, PriceTable, load_entry, usd_per_million
-from attune.ttb.verify import EntryReport, verify_entry
+from attune.ttb.verify import EntryReport, copy_listed, verify_entry
 
 INDEX_SCHEMA = "ttb-index-v1"
 
@@ -102,7 +102,7 @@ def build(paths: list[Path], out: str | Path, prices: PriceTable, *, now: dateti
         shutil.rmtree(tmp)
     (tmp / "entries").mkdir(parents=True)
     for x in listed:
-        shutil.copytree(x.path, tmp / "entries" / x.entry.id)
+        copy_listed(x.path, tmp / "entries" / x.entry.id, list(x.entry.files))  # only what it lists
     index = {
         "schema": INDEX_SCHEMA,
         "generated": (now or datetime.now(UTC)).isoformat(timespec="seconds"),

@@ -21,6 +21,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import shutil
+import stat
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -79,6 +82,41 @@ class _Fail(TTBError):
     pass
 
 
+def special_files(d: Path) -> list[str]:
+    """Every path of the entry's tree that is not a plain file or folder (symbolic links, which may lead to
+    a keys folder or ~/.ssh, FIFOs, devices, sockets), or the entry itself when it is a link. Read with
+    lstat, never following a link."""
+    if d.is_symlink() or not d.is_dir():
+        return [f"{d}: the entry is a link or not a folder"]
+    bad = []
+    for top, dirs, files in os.walk(d, followlinks=False):
+        for name in sorted(dirs + files):
+            p = Path(top) / name
+            mode = p.lstat().st_mode
+            rel = p.relative_to(d)
+            if stat.S_ISLNK(mode):
+                bad.append(f"{rel}: a symbolic link (an entry holds plain files only)")
+            elif not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                bad.append(f"{rel}: a special file (an entry holds plain files only)")
+    return bad
+
+
+def copy_listed(src: Path, dst: Path, files: list[str]) -> None:
+    """Copy only the files an entry lists (and its entry file), each a plain file read without following
+    links: what is published is what was verified, nothing a link or an unlisted file adds."""
+    if special_files(src):
+        raise ValueError(f"{src}: holds links or special files; refusing to copy it")
+    dst.mkdir(parents=True)
+    for rel in sorted({*files, ENTRY_FILE}):
+        s, t = src / rel, dst / rel
+        if not inside(s.resolve(), src.resolve()) or not stat.S_ISREG(s.lstat().st_mode):
+            raise ValueError(f"{src}: {rel} is not a plain file of the entry")
+        t.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(s, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as fi, open(t, "wb") as fo:
+            shutil.copyfileobj(fi, fo)
+
+
 def verify_entry(directory: str | Path, *, entry: Entry | None = None) -> EntryReport:
     d = Path(directory)
     return _EntryChecks(d, entry or load_entry(d)).report()
@@ -129,7 +167,9 @@ class _EntryChecks:
 
     def files(self) -> tuple[str, None]:
         d, e = self.d, self.e
-        bad = []
+        bad = special_files(d)
+        if bad:  # a link or a special file: nothing of the entry is trusted, nothing is read through it
+            raise _Fail("; ".join(bad[:5]) + (f" (+{len(bad) - 5} more)" if len(bad) > 5 else ""))
         for rel, digest in sorted(e.files.items()):
             p = (d / rel).resolve()
             if not inside(p, d.resolve()) or not p.is_file():

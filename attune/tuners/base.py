@@ -11,19 +11,16 @@ training arguments, other keys are environment variables (`OMP_NUM_THREADS`).
 from __future__ import annotations
 
 import abc
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from attune.core.recipe import ArgValue, Recipe, split_flat
 from attune.core.vocab import RunOutcome
-
-ArgValue = str | int | float | bool | None
 
 
 def split_changes(flat: dict[str, ArgValue]) -> dict[str, dict[str, Any]]:
-    """{"--x": 1, "ENV": "2"} -> {"args": {"--x": 1}, "env": {"ENV": "2"}} (env values as strings)."""
-    args = {k: v for k, v in flat.items() if k.startswith("--")}
-    env = {k: str(v) for k, v in flat.items() if not k.startswith("--")}
+    """{"--x": 1, "ENV": "2"} -> {"args": {"--x": 1}, "env": {"ENV": "2"}} (env values as strings, None: unset)."""
+    args, env = split_flat(flat)
     out: dict[str, dict[str, Any]] = {}
     if args:
         out["args"] = args
@@ -32,8 +29,10 @@ def split_changes(flat: dict[str, ArgValue]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def recipe_key(flat: dict[str, ArgValue]) -> str:
-    return json.dumps(flat, sort_keys=True, default=str)
+def recipe_key(flat: dict[str, ArgValue], base: Recipe | None = None) -> str:
+    """The identity of the recipe the flat changes make of `base` (`Recipe.key`, the control plane's key:
+    4 and "4" are the same, and a change to the baseline's own value is no change)."""
+    return (base or Recipe()).with_flat(flat).key
 
 
 @dataclass
@@ -43,10 +42,6 @@ class Candidate:
     hypothesis: str
     expected_gain: float | None = None
     token: Any = None  # the tuner's own handle (an Optuna trial, a lever position, ...)
-
-    @property
-    def key(self) -> str:
-        return recipe_key(self.changes)
 
 
 @dataclass
@@ -73,7 +68,8 @@ class Tuner(abc.ABC):
 
     name: str = "tuner"
 
-    def __init__(self, space: dict[str, list[ArgValue]], baseline: dict[str, ArgValue], seed: int = 0) -> None:
+    def __init__(self, space: dict[str, list[ArgValue]], baseline: dict[str, ArgValue], seed: int = 0,
+                 base: Recipe | None = None) -> None:
         if not space:
             raise ValueError("the search space is empty: declare search_space in campaign.yaml")
         for k, values in space.items():
@@ -82,7 +78,10 @@ class Tuner(abc.ABC):
         self.space = space
         self.baseline = baseline  # the baseline's value of each lever in the space
         self.seed = seed
-        self.tried: set[str] = set()
+        # The recipe candidates change: the campaign's baseline where given (then `key` is the control
+        # plane's recipe key), else the levers' baseline values (the same identity over the space).
+        self.base = base if base is not None else Recipe().with_flat(baseline)
+        self.tried: set[str] = set()  # keys of the recipes proposed so far
 
     @abc.abstractmethod
     def ask(self) -> Candidate | None: ...
@@ -93,6 +92,10 @@ class Tuner(abc.ABC):
     def summary(self) -> dict[str, Any]:
         """Evidence for the stop record: what was tested."""
         return {"tuner": self.name, "levers_tested": sorted(self.space)}
+
+    def key(self, changes: dict[str, ArgValue]) -> str:
+        """The identity of the recipe `changes` make of the baseline (`recipe_key`)."""
+        return recipe_key(changes, self.base)
 
     def diff(self, full: dict[str, ArgValue]) -> dict[str, ArgValue]:
         """Only the levers whose value differs from the baseline."""

@@ -14,7 +14,10 @@ from typing import Any
 
 from attune.control.spec import CampaignSpec
 from attune.core.errors import TunerError
+from attune.core.recipe import DEGREE_FLAGS, Recipe, as_int
+from attune.knowledge.coherence import COUPLED_FLAGS, cohere
 from attune.tuners.base import ArgValue, Tuner
+from attune.tuners.coherent import model_layers
 from attune.tuners.heuristic import HeuristicTuner
 from attune.tuners.knobs import KNOB_PRIORITY, KnobSpace
 from attune.tuners.prefilter import memory_prefilter
@@ -76,8 +79,8 @@ def catalog_guidance(spec: CampaignSpec, keys: list[str]) -> tuple[list[str], di
     return order, hypotheses
 
 
-DEGREE_FLAGS = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
-                "cp": "--context-parallel-size", "ep": "--expert-model-parallel-size"}
+# The degrees the layout coupler moves (ETP and VP stay as the recipe has them).
+COUPLED_DEGREE_FLAGS = {d: DEGREE_FLAGS[d] for d in ("tp", "pp", "cp", "ep")}
 SPLIT_FLAGS = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
                "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
 RECOMPUTE_FLAGS = ("--recompute-method", "--recompute-num-layers", "--recompute-modules")
@@ -129,8 +132,8 @@ def _apply_layout(full: dict[str, ArgValue], lay: Any, cur: dict[str, int], leve
     replaced by the layout's when the recipe's no longer fits."""
     out = dict(full)
     got = _degrees_of(lay)
-    for d, f in DEGREE_FLAGS.items():
-        if (got[d] != cur[d] or f == lever) and not (f == DEGREE_FLAGS["ep"] and not model.is_moe):
+    for d, f in COUPLED_DEGREE_FLAGS.items():
+        if (got[d] != cur[d] or f == lever) and not (f == COUPLED_DEGREE_FLAGS["ep"] and not model.is_moe):
             out[f] = got[d]
     if lay.split is not None and not _split_fits(model.layers, lay.pp, out):
         for f in SPLIT_FLAGS:
@@ -154,13 +157,12 @@ def layout_coupler(spec: CampaignSpec) -> Callable[[dict[str, ArgValue], str, Ar
         model = find_model(spec.model)
     except (LayoutError, KeyError, ValueError):
         return None
-    if not any(f in (spec.search_space or {}) for f in DEGREE_FLAGS.values()):
+    if not any(f in (spec.search_space or {}) for f in COUPLED_DEGREE_FLAGS.values()):
         return None
     cache: dict[tuple[int, int], list[Any]] = {}
 
     def deg(args: dict[str, ArgValue], flag: str) -> int:
-        v = args.get(flag, spec.baseline.args.get(flag))
-        return int(v) if v not in (None, False, True) else 1
+        return as_int(args.get(flag, spec.baseline.args.get(flag)), 1)
 
     def layouts(etp: int, mbs: int) -> list[Any]:
         key = (etp, mbs)
@@ -175,16 +177,21 @@ def layout_coupler(spec: CampaignSpec) -> Callable[[dict[str, ArgValue], str, Ar
         return cache[key]
 
     def couple(full: dict[str, ArgValue], lever: str, value: ArgValue) -> dict[str, ArgValue] | None:
-        dim = next((d for d, f in DEGREE_FLAGS.items() if f == lever), None)
+        dim = next((d for d, f in COUPLED_DEGREE_FLAGS.items() if f == lever), None)
         if dim is None:
             return full
-        cur = {d: deg(full, f) for d, f in DEGREE_FLAGS.items()}
+        cur = {d: deg(full, f) for d, f in COUPLED_DEGREE_FLAGS.items()}
         reports = layouts(deg(full, "--expert-tensor-parallel-size"), deg(full, "--micro-batch-size"))
-        want = int(value) if value not in (None, False, True) else 1
+        want = as_int(value, 1)
         lay = _nearest_layout(reports, dim, want, cur)
         return None if lay is None else _apply_layout(full, lay, cur, lever, model)
 
     return couple
+
+
+def _base(spec: CampaignSpec, knobs: KnobSpace | None) -> Recipe | None:
+    """The recipe a tuner's candidates change: the campaign's baseline (over a knob space: the knobs')."""
+    return None if knobs is not None else Recipe(dict(spec.baseline.args), dict(spec.baseline.env))
 
 
 def _heuristic(spec: CampaignSpec, seed: int, max_passes: int, knobs: KnobSpace | None) -> Tuner:
@@ -195,13 +202,36 @@ def _heuristic(spec: CampaignSpec, seed: int, max_passes: int, knobs: KnobSpace 
     order, hypotheses = catalog_guidance(spec, list(space))
     couple = layout_coupler(spec)
     extra = {}
-    for f in (*SPLIT_FLAGS, *RECOMPUTE_FLAGS, "--recompute-granularity", *DEGREE_FLAGS.values()):
+    for f in (*SPLIT_FLAGS, *RECOMPUTE_FLAGS, "--recompute-granularity", *COUPLED_DEGREE_FLAGS.values(), *COUPLED_FLAGS):
         if f not in space:
             v = spec.baseline.args.get(f)
             extra[f] = None if v is False else v
+    layers = model_layers(spec)
+
+    def coherent(full: dict[str, ArgValue], before: dict[str, ArgValue]) -> dict[str, ArgValue]:
+        return cohere(full, layers=layers, before=before)
+
     return HeuristicTuner(space, baseline, seed=seed, priority=order, hypotheses=hypotheses,
                           max_passes=max_passes, couple=couple, extra_baseline=extra,
-                          memory_retry=spec.framework == "megatron-lm" or "--recompute-granularity" in space)
+                          memory_retry=spec.framework == "megatron-lm" or "--recompute-granularity" in space,
+                          base=_base(spec, knobs), cohere=coherent if spec.framework == "megatron-lm" else None,
+                          fits=memory_fit(spec))
+
+
+def memory_fit(spec: CampaignSpec) -> Callable[[dict[str, ArgValue]], bool | None] | None:
+    """The skill's memory estimate as an ordering hint: a recipe's full flags -> fits (None: no estimate)."""
+    from attune.tuners.prefilter import recipe_memory
+
+    if memory_prefilter(spec)[0] is None:
+        return None
+
+    def fits(full: dict[str, ArgValue]) -> bool | None:
+        flags = {k: v for k, v in full.items() if k.startswith("--")}
+        args = {k: v for k, v in {**spec.baseline.args, **flags}.items() if v not in (None, False)}
+        est, _ = recipe_memory(spec, args)
+        return None if est is None else est.fits
+
+    return fits
 
 
 def _space(spec: CampaignSpec, knobs: KnobSpace | None) -> tuple[dict[str, list[ArgValue]], dict[str, ArgValue]]:
@@ -209,18 +239,18 @@ def _space(spec: CampaignSpec, knobs: KnobSpace | None) -> tuple[dict[str, list[
 
 
 def _tpe(spec: CampaignSpec, seed: int, max_passes: int, knobs: KnobSpace | None) -> Tuner:
-    return TPETuner(*_space(spec, knobs), seed=seed)
+    return TPETuner(*_space(spec, knobs), seed=seed, base=_base(spec, knobs))
 
 
 def _tpe_prefilter(spec: CampaignSpec, seed: int, max_passes: int, knobs: KnobSpace | None) -> Tuner:
     prefilter = knobs.prefilter() if knobs is not None else memory_prefilter(spec)[0]
-    tuner = TPETuner(*_space(spec, knobs), seed=seed, prefilter=prefilter)
+    tuner = TPETuner(*_space(spec, knobs), seed=seed, prefilter=prefilter, base=_base(spec, knobs))
     tuner.name = "tpe-prefilter"
     return tuner
 
 
 def _random(spec: CampaignSpec, seed: int, max_passes: int, knobs: KnobSpace | None) -> Tuner:
-    return RandomTuner(*_space(spec, knobs), seed=seed)
+    return RandomTuner(*_space(spec, knobs), seed=seed, base=_base(spec, knobs))
 
 
 _BUILDERS: dict[str, Callable[[CampaignSpec, int, int, KnobSpace | None], Tuner]] = {

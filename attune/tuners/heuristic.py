@@ -6,7 +6,8 @@ of its values fail to beat the leader, or when its values run out (rule 4); a pa
 with the degrees it forces (the factory's layout coupler: the nearest feasible layout). A candidate
 that runs out of memory is retried once with full recomputation added (rule 5). When a parallel
 degree wins, every lever is probed again from the new layout at once; after a pass that improved
-the leader, the levers that won before are re-tested on it first (rule 6). It stops, with evidence, when
+the leader, the levers that won before are re-tested on it first (rule 6). A layout is its placement degrees (TP, PP,
+CP, EP, expert TP): virtual stages schedule the same placement, so their win keeps what was learned. It stops, with evidence, when
 a full pass over the levers finds nothing that beats the leader.
 
 Levers are taken in the order of `priority` (the catalog's expected-gain order), else in the
@@ -19,16 +20,24 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from attune.core.recipe import DEGREE_FLAG_NAMES, Recipe
 from attune.core.vocab import RunOutcome
 from attune.tuners.base import ArgValue, Candidate, Outcome, Tuner, recipe_key
 
 MEMORY_SAVERS: dict[str, ArgValue] = {"--recompute-granularity": "full", "--recompute-activations": True}
-LAYOUT_FLAGS = frozenset({"--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
-                          "--expert-model-parallel-size", "--expert-tensor-parallel-size",
-                          "--num-virtual-stages-per-pipeline-rank"})
+# The placement degrees: a layout is where ranks hold which shard. Virtual stages are the pipeline's
+# schedule on the same placement, not a degree: a lesson learned on a layout holds across them, and a
+# virtual-stage win does not re-probe every lever.
+PLACEMENT_FLAGS = DEGREE_FLAG_NAMES - {"--num-virtual-stages-per-pipeline-rank"}
 FULL_RECOMPUTE: dict[str, ArgValue] = {"--recompute-granularity": "full", "--recompute-method": "uniform",
                                        "--recompute-num-layers": 1}
 Coupler = Callable[[dict[str, ArgValue], str, ArgValue], "dict[str, ArgValue] | None"]
+# The framework's argument rules over a recipe's full flags (`attune.knowledge.coherence.cohere`):
+# (the candidate's flags, the flags it moved from) -> the coherent flags.
+Coherer = Callable[[dict[str, ArgValue], dict[str, ArgValue]], dict[str, ArgValue]]
+# A candidate's full flags -> whether the memory estimate says it fits (None: no estimate). It orders
+# candidates (a likely out-of-memory one later) and never rules one out alone.
+MemoryFit = Callable[[dict[str, ArgValue]], "bool | None"]
 
 
 def _recompute_fixup(full: dict[str, ArgValue], baseline: dict[str, ArgValue]) -> dict[str, ArgValue]:
@@ -66,13 +75,23 @@ class HeuristicTuner(Tuner):
         couple: Coupler | None = None,
         extra_baseline: dict[str, ArgValue] | None = None,
         memory_retry: bool | None = None,
+        base: Recipe | None = None,
+        cohere: Coherer | None = None,
+        fits: MemoryFit | None = None,
     ) -> None:
-        super().__init__(space, baseline, seed)
+        super().__init__(space, baseline, seed, base)
         # Flags outside the space that a coupled move may set (the pipeline split, recompute details).
         self.extra = {k: v for k, v in (extra_baseline or {}).items() if k not in space}
         self.baseline = {**self.extra, **baseline}
         self.keys = list(space) + list(self.extra)
         self.couple = couple
+        self.cohere = cohere
+        self.fits = fits
+        # What it learned about a lever on a layout (the leader's parallel degrees): ruled out there, why.
+        self.learned: dict[tuple[str, str], str] = {}
+        self.win_dir: dict[str, tuple[ArgValue, ArgValue]] = {}  # lever -> (from, to) of its last win
+        self.win_layout: dict[str, str] = {}  # lever -> the layout it won on
+        self.retest_done = False
         self.measured: list[str] = []  # levers with at least one measured candidate
         self.moved: dict[str, set[ArgValue]] = {}  # parallel degree -> the values launched candidates ran with
         self.probed: set[str] = set()  # degrees rule 4's last check has probed
@@ -93,7 +112,7 @@ class HeuristicTuner(Tuner):
         self.current_lever: str | None = None
         self.improved_this_pass = False
         self.pending_retry: deque[Candidate] = deque()
-        self.tried.add(recipe_key({}))
+        self.tried.add(self.key({}))
         self._lever_iter: deque[str] = deque()
         self._start_pass()
 
@@ -106,10 +125,15 @@ class HeuristicTuner(Tuner):
         self.improved_this_pass = False
         self._lever_iter = deque(self.order)
 
+    def _layout(self, changes: dict[str, ArgValue] | None = None) -> str:
+        """The layout a recipe runs on (its parallel degrees): what a lever's lesson is kept against."""
+        full = self._full(self.leader if changes is None else changes)
+        return recipe_key({f: (1 if full.get(f) in (None, False) else full.get(f)) for f in sorted(PLACEMENT_FLAGS)})
+
     def _values_to_try(self, lever: str) -> list[ArgValue]:
         values = list(self.space[lever])
         cur = self._value(lever)
-        if cur is None and lever in LAYOUT_FLAGS:
+        if cur is None and lever in DEGREE_FLAG_NAMES:
             cur = 1  # an unset parallel degree is 1: trying 1 would measure the leader again
         if cur in values:
             i = values.index(cur)
@@ -119,8 +143,35 @@ class HeuristicTuner(Tuner):
                 for j in (i + d, i - d):
                     if 0 <= j < len(values):
                         out.append(values[j])
-            return out
-        return [v for v in values if v != cur]
+        else:
+            out = [v for v in values if v != cur]
+        won = self.win_dir.get(lever)
+        if won is not None and won[1] == cur:
+            # The lever won moving from won[0] to cur: going back is what it already measured as slower.
+            out = [v for v in out if self._beyond(lever, v, won[1], won[0])]
+        return self._memory_order(lever, out)
+
+    def _memory_order(self, lever: str, values: list[ArgValue]) -> list[ArgValue]:
+        """Among values equally near the leader's, one the memory estimate says will not fit goes second
+        (never dropped, never pushed past a nearer value: the estimate runs high on some models, and
+        rule 5 retries an out-of-memory layout with its memory savings anyway)."""
+        if self.fits is None or len(values) < 2:
+            return values
+        space = list(self.space[lever])
+        cur = self._value(lever)
+
+        def rank(v: ArgValue) -> tuple[int, int]:
+            dist = abs(space.index(v) - space.index(cur)) if cur in space and v in space else 0
+            full = {**self._full(self.leader), lever: v}
+            if self.couple is not None:
+                full = self.couple(full, lever, v) or full
+            try:
+                late = 1 if self.fits(full) is False else 0
+            except Exception:  # an estimate that cannot be made orders nothing
+                late = 0
+            return dist, late
+
+        return sorted(values, key=rank)
 
     def _full(self, changes: dict[str, ArgValue]) -> dict[str, ArgValue]:
         return {**{k: self.baseline.get(k) for k in self.keys}, **changes}
@@ -131,10 +182,9 @@ class HeuristicTuner(Tuner):
             full = self.couple(full, lever, value)  # rule 2: a degree moves with the degrees it forces
         if full is None:
             return None  # no feasible layout has this value
-        if "--recompute-granularity" in self.space or self.memory_retry:
-            full = _recompute_fixup(full, self.baseline)
+        full = self._coherent(full, self._full(self.leader if origin is None else origin))
         changes = self.diff(full)
-        key = recipe_key(changes)
+        key = self.key(changes)
         if key in self.tried:
             return None
         self.tried.add(key)
@@ -145,6 +195,14 @@ class HeuristicTuner(Tuner):
             hypothesis=f"{base}; try {lever}={value} from {self._value(lever)} ({why})",
             token={"lever": lever, "value": value},
         )
+
+    def _coherent(self, full: dict[str, ArgValue], before: dict[str, ArgValue]) -> dict[str, ArgValue]:
+        """Every co-dependent flag follows the lever that moved (the framework's argument rules)."""
+        if self.cohere is not None:
+            return self.cohere(full, before)
+        if "--recompute-granularity" in self.space or self.memory_retry:
+            return _recompute_fixup(full, self.baseline)
+        return full
 
     # ---- the interface -----------------------------------------------------------------
     def ask(self) -> Candidate | None:
@@ -157,20 +215,30 @@ class HeuristicTuner(Tuner):
                 if cand is not None:
                     return cand
             if self.current_lever is not None and self.current_lever not in self.ruled_out:
-                self.ruled_out[self.current_lever] = "values exhausted without beating the leader"
+                self._rule_out(self.current_lever, "values exhausted without beating the leader")
             if self.restart:
                 # The layout moved: its neighbours are new recipes (a lower TP may now fit a deeper
-                # pipeline), so every lever is probed again from the new leader, in priority order.
+                # pipeline), so the levers are probed again from the new leader, in priority order, save
+                # those already ruled out on this same layout (what was learned there is kept).
                 self.restart = False
-                self.ruled_out = {}
+                here = self._layout()
+                self.ruled_out = {lv: why for (lay, lv), why in self.learned.items() if lay == here}
                 self._lever_iter = deque(self.order)
             if not self._lever_iter:
-                if not self.improved_this_pass or self.passes >= self.max_passes:
+                if self.retest_done or not self.improved_this_pass or self.passes >= self.max_passes:
                     return self._rule4_probe()
-                # Rule 6: the leader moved; re-test every lever (earlier winners first) on it.
+                # Rule 6, and only what it asks: a lever that won on an earlier layout and whose winning
+                # value the leader no longer carries is re-tested once on the final layout. Levers ruled
+                # out on this layout are never run through again.
                 self._start_pass()
-                self.ruled_out = {}
-                self._lever_iter = deque(self.won + [k for k in self.order if k not in self.won])
+                self.retest_done = True
+                here = self._layout()
+                self._lever_iter = deque(
+                    lv for lv in self.won
+                    if lv not in DEGREE_FLAG_NAMES and self.win_layout.get(lv) != here
+                    and self._value(lv) != self.win_dir[lv][1] and (here, lv) not in self.learned)
+                self.ruled_out = {lv: why for (lay, lv), why in self.learned.items() if lay == here}
+                continue
             lever = self._lever_iter.popleft()
             if lever in self.ruled_out:
                 continue
@@ -183,7 +251,7 @@ class HeuristicTuner(Tuner):
         moved (its moves from the leader had no feasible layout, or its turn never came) is probed once,
         from the leader if a layout allows it, else from the baseline."""
         for lever in self.order:
-            if lever not in LAYOUT_FLAGS:
+            if lever not in DEGREE_FLAG_NAMES:
                 continue
             base = self.baseline.get(lever)
             base = 1 if base is None else base
@@ -206,13 +274,15 @@ class HeuristicTuner(Tuner):
             self.measured.append(lever)
         if outcome.outcome not in (RunOutcome.REFUSED, RunOutcome.INFRASTRUCTURE, RunOutcome.CANCELLED):
             full = self._full(candidate.changes)
-            for flag in LAYOUT_FLAGS & set(self.space):
+            for flag in DEGREE_FLAG_NAMES & set(self.space):
                 self.moved.setdefault(flag, set()).add(1 if full.get(flag) is None else full.get(flag))
         if outcome.promoted:
             old = self._value(lever)
+            self.win_dir[lever] = (old, tok.get("value"))
             self.leader = dict(candidate.changes)
+            self.win_layout[lever] = self._layout()
             self.improved_this_pass = True
-            self.restart = self.restart or lever in LAYOUT_FLAGS
+            self.restart = self.restart or lever in PLACEMENT_FLAGS
             if lever not in self.won:
                 self.won.append(lever)
             # Keep moving in the direction that won, drop the other direction.
@@ -227,9 +297,13 @@ class HeuristicTuner(Tuner):
         # that lever, never against the one being probed now.
         self.failures[lever] = self.failures.get(lever, 0) + 1
         if self.failures[lever] >= 2:
-            self.ruled_out[lever] = "two values did not beat the leader"
+            self._rule_out(lever, "two values did not beat the leader")
             if lever == self.current_lever:
                 self.queue.clear()
+
+    def _rule_out(self, lever: str, why: str) -> None:
+        self.ruled_out[lever] = why
+        self.learned[(self._layout(), lever)] = why
 
     def _retry_after_oom(self, candidate: Candidate, tok: dict[str, Any], lever: str) -> bool:
         """Rule 5 for a first out-of-memory: queue the candidate again with full recomputation (where the
@@ -238,9 +312,10 @@ class HeuristicTuner(Tuner):
         if self.memory_retry and candidate.changes.get(
                 "--recompute-granularity", self.baseline.get("--recompute-granularity")) != "full":
             # Give the layout its memory savings back (full recomputation) and measure it again.
-            changes = self.diff(self._full({**candidate.changes, **FULL_RECOMPUTE}))
-            if recipe_key(changes) not in self.tried:
-                self.tried.add(recipe_key(changes))
+            changes = self.diff(self._coherent(self._full({**candidate.changes, **FULL_RECOMPUTE}),
+                                               self._full(candidate.changes)))
+            if self.key(changes) not in self.tried:
+                self.tried.add(self.key(changes))
                 self.pending_retry.append(Candidate(
                     changes=changes, lever=lever,
                     hypothesis=(f"rule 5: {lever}={tok.get('value')} ran out of memory; add back full recomputation "
@@ -250,9 +325,10 @@ class HeuristicTuner(Tuner):
                 return True
         for saver, val in MEMORY_SAVERS.items():
             if saver in self.space and candidate.changes.get(saver) != val and saver != lever:
-                changes = self.diff(self._full({**candidate.changes, saver: val}))
-                if recipe_key(changes) not in self.tried:
-                    self.tried.add(recipe_key(changes))
+                changes = self.diff(self._coherent(self._full({**candidate.changes, saver: val}),
+                                                   self._full(candidate.changes)))
+                if self.key(changes) not in self.tried:
+                    self.tried.add(self.key(changes))
                     self.pending_retry.append(Candidate(
                         changes=changes, lever=lever,
                         hypothesis=f"rule 5: {lever} ran out of memory; add back {saver}={val} and measure again",

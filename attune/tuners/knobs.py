@@ -24,6 +24,7 @@ from typing import Any
 
 from attune.control.spec import CampaignSpec
 from attune.core.errors import TunerError
+from attune.core.recipe import DEGREE_FLAGS, ParallelDims, Recipe
 from attune.knowledge.layouts import LayoutError, find_model, pipeline_split
 from attune.tuners.base import ArgValue, Candidate, Outcome
 from attune.tuners.prefilter import recipe_layout, recipe_memory
@@ -156,21 +157,13 @@ class KnobSpace:
         base = self.baseline()
         knobs = {**base, **{k: v for k, v in full.items() if k in self.space}}
         edits: dict[str, ArgValue] = {}
-        tp = int(knobs["--tensor-model-parallel-size"])
-        pp = int(knobs["--pipeline-model-parallel-size"])
-        vp = int(knobs["--num-virtual-stages-per-pipeline-rank"])
-        ep = int(knobs["--expert-model-parallel-size"])
-        etp = int(knobs["--expert-tensor-parallel-size"])
-        cp = int(knobs["--context-parallel-size"])
+        dims = ParallelDims.from_args(knobs, self.gpus)
+        tp, pp, vp, ep, etp, cp = dims.tp, dims.pp, dims.vp, dims.ep, dims.etp, dims.cp
         if ep == 1 and etp > 2:
             raise Infeasible("expert parallelism 1 is searched only with expert-tensor parallelism <= 2")
-        edits["--tensor-model-parallel-size"] = tp
-        edits["--pipeline-model-parallel-size"] = pp
-        edits["--expert-model-parallel-size"] = ep
-        edits["--expert-tensor-parallel-size"] = etp
-        edits["--context-parallel-size"] = cp
+        edits.update(dims.flags(("tp", "pp", "ep", "etp", "cp")))
         edits["--micro-batch-size"] = int(knobs["--micro-batch-size"])
-        edits["--num-virtual-stages-per-pipeline-rank"] = vp if vp > 1 else None
+        edits[DEGREE_FLAGS["vp"]] = vp if vp > 1 else None
         edits["--num-layers-per-virtual-pipeline-stage"] = None
         if pp * vp > self.layers:
             raise Infeasible(f"PP {pp} x VP {vp} exceeds the {self.layers} layers")
@@ -203,7 +196,7 @@ class KnobSpace:
             if v is None:
                 args.pop(k, None)
         if self.model == "glm-4.5":
-            dense = tp * cp * (self.gpus // (tp * pp * cp)) if self.gpus % (tp * pp * cp) == 0 else 0
+            dense = tp * cp * dims.dp if self.gpus % dims.model_parallel == 0 else 0
             if dense and dense % (ep * etp) == 0 and dense // (ep * etp) > 1:
                 # the data-parallel overlaps hang with expert data parallelism > 1 on this stack
                 args.pop("--overlap-grad-reduce", None)
@@ -252,9 +245,8 @@ def knob_space(spec: CampaignSpec) -> KnobSpace:
 
 def flag_changes(baseline: Mapping[str, ArgValue], args: Mapping[str, ArgValue]) -> dict[str, ArgValue]:
     """A recipe's full flags as changes relative to the baseline (a flag the recipe drops: None)."""
-    out: dict[str, ArgValue] = {k: v for k, v in args.items() if baseline.get(k) != v}
-    out.update({k: None for k in baseline if k not in args and baseline[k] not in (None, False)})
-    return out
+    changed = Recipe(args).diff(Recipe(baseline))[0]
+    return {k: changed[k] for k in dict.fromkeys([*args, *baseline]) if k in changed}  # in the recipe's order
 
 
 class KnobPlane:

@@ -12,8 +12,9 @@ from collections.abc import Callable
 
 import optuna
 
+from attune.core.recipe import Recipe
 from attune.core.vocab import RunOutcome
-from attune.tuners.base import ArgValue, Candidate, Outcome, Tuner, recipe_key
+from attune.tuners.base import ArgValue, Candidate, Outcome, Tuner
 
 Prefilter = Callable[[dict[str, ArgValue]], str | None]  # returns a reason to skip, or None
 
@@ -29,8 +30,9 @@ class TPETuner(Tuner):
         n_startup_trials: int = 8,
         prefilter: Prefilter | None = None,
         max_skips: int = 200,
+        base: Recipe | None = None,
     ) -> None:
-        super().__init__(space, baseline, seed)
+        super().__init__(space, baseline, seed, base)
         optuna.logging.set_verbosity(logging.WARNING)
         sampler = optuna.samplers.TPESampler(
             seed=seed, multivariate=True, constant_liar=True, n_startup_trials=n_startup_trials
@@ -42,9 +44,17 @@ class TPETuner(Tuner):
         if prefilter is not None:
             self.name = "tpe-prefilter"
         # The baseline is the first trial: its value is known from calibration (the driver tells it).
-        base = {k: baseline.get(k, space[k][0]) for k in space}
-        self.study.enqueue_trial({k: base[k] for k in space}, skip_if_exists=True)
-        self._baseline_pending = True
+        # A flag the baseline leaves unset (or sets to a value the space does not list) has no choice to
+        # enqueue: the baseline is then not a point of the space, and TPE starts from its own draws.
+        base: dict[str, ArgValue] = {}
+        for k, values in space.items():
+            v = baseline.get(k)
+            same = [c for c in values if str(c) == str(v)] if v is not None else [c for c in values if c is None]
+            if same:
+                base[k] = same[0]
+        self._baseline_pending = len(base) == len(space)
+        if self._baseline_pending:
+            self.study.enqueue_trial(base, skip_if_exists=True)
         self.size = 1
         for values in space.values():
             self.size *= len(values)
@@ -60,7 +70,7 @@ class TPETuner(Tuner):
                 return None
             trial, full = self._sample()
             changes = self.diff(full)
-            key = recipe_key(changes)
+            key = self.key(changes)
             if self._baseline_pending:
                 self._baseline_pending = False
                 self.tried.add(key)
@@ -84,7 +94,7 @@ class TPETuner(Tuner):
 
     def tell(self, candidate: Candidate, outcome: Outcome) -> None:
         trial = candidate.token
-        trial.set_user_attr("key", candidate.key)
+        trial.set_user_attr("key", self.key(candidate.changes))
         if outcome.outcome == RunOutcome.PRUNED:
             self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         else:

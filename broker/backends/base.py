@@ -9,13 +9,30 @@ person could read and run by hand (`render`).
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from attune.core.errors import BackendError
 from attune.core.job import JobSpec
 
-__all__ = ["Backend", "BackendError", "BackendUnavailable", "JobSpec", "JobState", "JobStatus"]
+__all__ = ["Backend", "BackendError", "BackendUnavailable", "JobSpec", "JobState", "JobStatus", "env_name_problem",
+           "shell_comment"]
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+
+def shell_comment(text: str) -> str:
+    """One `# ...` line of a rendered script: every character that could end the line (or be read by a
+    terminal) becomes '?', so no value in a comment can start a command."""
+    return "# " + "".join(c if c.isprintable() else "?" for c in text)
+
+
+def env_name_problem(name: object) -> str | None:
+    """Why `name` cannot be exported by a rendered script (None: it can)."""
+    if isinstance(name, str) and _ENV_NAME.fullmatch(name):
+        return None
+    return f"{str(name)[:80]!r} is not an environment variable name (letters, digits and '_')"
 
 
 class BackendUnavailable(BackendError):

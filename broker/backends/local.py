@@ -10,14 +10,23 @@ A restarted broker can pick its jobs up again: `backend_id` is the run directory
 `backend.json` (pid, start time) and `exit_status` say what became of the job.
 
 The machine is one node, so `exclude_nodes` cannot be honoured here and is ignored.
+
+Confinement: the job runs in its run directory (its working directory), never in the code's directory
+or the campaign's. Where bubblewrap (`bwrap`) runs, the job runs inside it (`sandbox="auto"`, the
+default, or `"bwrap"`, which refuses to start a job without it): the whole filesystem read-only, the
+run directory the one writable place, the campaign's `.broker/` and the ledger keys hidden. Without it
+(`"none"`, or `"auto"` where bwrap cannot run) only the rules hold: the run generator confines every
+path a candidate names to the run directory. docs/security.md says what each backend guarantees.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,14 +37,44 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from attune.core.campaign_paths import RUN_JOB
-from broker.backends.base import BackendError, JobSpec, JobState, JobStatus
+from attune.core.campaign_paths import BROKER_DIR, RUN_JOB, RUNS_DIR
+from attune.core.ledger import keys_dir
+from broker.backends.base import BackendError, JobSpec, JobState, JobStatus, env_name_problem, shell_comment
 
 EXIT_FILE = "exit_status"
 META_FILE = "backend.json"
 SCRIPT_FILE = "job.sh"
 # Variables a job inherits from the broker's environment; everything else comes from its spec.
 INHERITED_ENV = ("HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TZ", "USER", "LOGNAME")
+SANDBOXES = ("auto", "bwrap", "none")
+
+
+@functools.cache
+def bwrap_works() -> str | None:
+    """The path of a bubblewrap that can build a sandbox here, or None (absent, or no user namespaces)."""
+    path = shutil.which("bwrap")
+    if path is None:
+        return None
+    try:
+        ok = subprocess.run([path, "--ro-bind", "/", "/", "--dev", "/dev", "true"], capture_output=True,
+                            timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return path if ok else None
+
+
+def sandbox_argv(bwrap: str, spec: JobSpec) -> list[str]:
+    """bubblewrap's command line for one job: `/` read-only, devices as they are (GPUs), the run directory
+    writable and the working directory, the campaign's `.broker/` and the ledger keys hidden (empty)."""
+    run_dir = str(spec.run_dir.resolve())
+    argv = [bwrap, "--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--proc", "/proc"]
+    hidden = [keys_dir()]
+    if spec.run_dir.resolve().parent.name == RUNS_DIR:
+        hidden.append(spec.run_dir.resolve().parent.parent / BROKER_DIR)
+    for h in hidden:
+        if h.is_dir():
+            argv += ["--tmpfs", str(h.resolve())]
+    return argv + ["--bind", run_dir, run_dir, "--chdir", run_dir, "--setenv", "TMPDIR", run_dir]
 
 
 @dataclass
@@ -108,7 +147,11 @@ class LocalBackend:
 
     name = "local"
 
-    def __init__(self, slots: int | None = None, kill_grace_s: float = 3.0, node: str | None = None) -> None:
+    def __init__(self, slots: int | None = None, kill_grace_s: float = 3.0, node: str | None = None,
+                 sandbox: str = "auto") -> None:
+        if sandbox not in SANDBOXES:
+            raise BackendError(f"local backend: sandbox must be one of {', '.join(SANDBOXES)}, got {sandbox!r}")
+        self.sandbox = sandbox
         if slots is not None and (not isinstance(slots, int) or isinstance(slots, bool) or slots <= 0):
             raise BackendError(f"local backend: slots must be a positive integer, got {slots!r}")
         if not isinstance(kill_grace_s, int | float) or kill_grace_s < 0:
@@ -127,12 +170,16 @@ class LocalBackend:
         exit_file = spec.run_dir / EXIT_FILE
         lines = [
             "#!/bin/sh",
-            f"# attune local backend: job {spec.job_id} of campaign {spec.campaign}, {spec.gpus} slot(s)",
+            shell_comment(f"attune local backend: job {spec.job_id} of campaign {spec.campaign}, {spec.gpus} slot(s)"),
             "# Runs in its own process group; cancel with: kill -TERM -<pid of this script>",
             f"exec >>{q(str(log))} 2>&1",
-            f"cd {q(str(spec.workdir))} || exit 97",
+            "# The job works in its own run directory (never the code's or the campaign's).",
+            f"cd {q(str(spec.run_dir))} || exit 97",
         ]
-        lines += [f"export {k}={q(v)}" for k, v in spec.env.items()]
+        for k in spec.env:
+            if env_name_problem(k):
+                raise BackendError(f"job {spec.job_id}: {env_name_problem(k)}")
+        lines += [f"export {k}={q(str(v))}" for k, v in spec.env.items()]
         lines += [
             " ".join(q(a) for a in spec.argv),
             "rc=$?",
@@ -151,6 +198,18 @@ class LocalBackend:
         return env
 
     # --- the interface ------------------------------------------------------------------------
+    def sandbox_command(self, spec: JobSpec) -> list[str]:
+        """The OS sandbox's command line for this job (empty: none), by the backend's `sandbox` setting."""
+        if self.sandbox == "none":
+            return []
+        bwrap = bwrap_works()
+        if bwrap is None:
+            if self.sandbox == "bwrap":
+                raise BackendError(f"job {spec.job_id}: sandbox 'bwrap' asked for, but bubblewrap is not installed "
+                                   "or cannot build a sandbox here (user namespaces)")
+            return []
+        return sandbox_argv(bwrap, spec)
+
     def submit(self, spec: JobSpec) -> str:
         if spec.gpus > self.slots:
             raise BackendError(f"job {spec.job_id} needs {spec.gpus} slots; this machine has {self.slots}")
@@ -158,6 +217,7 @@ class LocalBackend:
             raise BackendError(f"job {spec.job_id} has no command")
         if not Path(spec.workdir).is_dir():
             raise BackendError(f"job {spec.job_id}: working directory {spec.workdir} does not exist")
+        self.sandbox_command(spec)  # refuses now, not at start, when the sandbox asked for cannot run
         spec.run_dir.mkdir(parents=True, exist_ok=True)
         backend_id = str(spec.run_dir.resolve())
         with self._lock:
@@ -285,7 +345,7 @@ class LocalBackend:
         spec = job.spec
         try:
             proc = subprocess.Popen(
-                ["/bin/sh", str(spec.run_dir / SCRIPT_FILE)],
+                [*self.sandbox_command(spec), "/bin/sh", str(spec.run_dir / SCRIPT_FILE)],
                 cwd=str(spec.run_dir),
                 env=self._base_env(),
                 stdin=subprocess.DEVNULL,
@@ -293,7 +353,7 @@ class LocalBackend:
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        except OSError as exc:
+        except (OSError, BackendError) as exc:
             job.state, job.ended_at = JobState.INFRASTRUCTURE, time.time()
             job.reason = f"could not start the job: {exc}"
             return

@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -57,7 +58,12 @@ def main() -> int:
                 return int(s.getsockname()[1])
 
         def start(self, script: str, env: dict[str, str]) -> None:
-            self.proc = subprocess.Popen(["bash", "-c", script], env={**os.environ, **env}, stdin=subprocess.DEVNULL,
+            # The node script exports the job's environment: it goes in a private file (mkstemp: mode 0600),
+            # never on the command line, where every user of the node could read it.
+            fd, path = tempfile.mkstemp(prefix="attune-node-", suffix=".sh")
+            with os.fdopen(fd, "w") as fh:
+                fh.write(script)
+            self.proc = subprocess.Popen(["bash", path], env={**os.environ, **env}, stdin=subprocess.DEVNULL,
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
             # The node's processes go with this actor's worker (the job stopped, its driver lost).
             subprocess.Popen(f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 1; done; kill -9 -{self.proc.pid}",

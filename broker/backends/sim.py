@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import shlex
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +32,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from attune.sim.run import RunPlan, SimSettings, plan_run
-from broker.backends.base import BackendError, JobSpec, JobState, JobStatus
+from broker.backends.base import BackendError, JobSpec, JobState, JobStatus, env_name_problem, shell_comment
 
 _STATES = {
     "completed": JobState.COMPLETED,
@@ -135,15 +136,19 @@ class SimBackend:
         from attune.sim.recipe import shell_line
 
         s = self.settings
+        for k in spec.env:
+            if env_name_problem(k):
+                raise BackendError(f"job {spec.job_id}: {env_name_problem(k)}")
         return "\n".join([
             "#!/bin/bash",
-            f"# attune sim backend: a SIMULATED cluster of {s.nodes or 'unbounded'} node(s) x {s.gpus_per_node} "
-            f"{s.accelerator} (a test bed, not real GPUs).",
-            f"# model {s.model}; job {spec.job_id} of campaign {spec.campaign}; {spec.gpus} GPUs on {spec.nodes} node(s).",
+            shell_comment(f"attune sim backend: a SIMULATED cluster of {s.nodes or 'unbounded'} node(s) x "
+                          f"{s.gpus_per_node} {s.accelerator} (a test bed, not real GPUs)."),
+            shell_comment(f"model {s.model}; job {spec.job_id} of campaign {spec.campaign}; {spec.gpus} GPUs on "
+                          f"{spec.nodes} node(s)."),
             "# The simulator reads this command line, predicts the run and writes its Megatron-LM log to",
-            f"# {spec.log_path}. On a real cluster the same command would be:",
-            f"cd {spec.workdir}",
-            *(f"export {k}={v}" for k, v in sorted(spec.env.items())),
+            shell_comment(f"{spec.log_path}. On a real cluster the same command would be (in the run directory):"),
+            f"cd {shlex.quote(str(spec.run_dir))} || exit 97",
+            *(f"export {k}={shlex.quote(str(v))}" for k, v in sorted(spec.env.items())),
             shell_line(list(spec.argv)),
             "",
         ])

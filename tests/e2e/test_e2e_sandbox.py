@@ -14,6 +14,7 @@ Skips when bubblewrap/socat are missing or cannot create a sandbox here (CI inst
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import threading
@@ -33,6 +34,8 @@ def test_sandbox_stops_what_the_policy_lets_through(claude: str, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     why = sandbox.unavailable()
     if why:
+        if os.environ.get("ATTUNE_REQUIRE_SANDBOX") == "1":  # CI installs bubblewrap and socat: never skip there
+            pytest.fail(f"ATTUNE_REQUIRE_SANDBOX=1 but Claude Code's OS sandbox cannot run here: {why}")
         pytest.skip(f"Claude Code's OS sandbox cannot run here: {why}")
     camps = tmp_path / "campaigns"
     camp = camps / "camp"

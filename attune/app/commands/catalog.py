@@ -39,6 +39,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_lesson_args(a)
     a.set_defaults(func=run_add)
 
+    acc = csub.add_parser("accept-lesson", help=(
+        "accept a lesson an agent proposed (it waits in lessons.pending.yaml until then): a person's decision"))
+    acc.add_argument("lesson_id", help="the pending lesson's id (L0001, ...)")
+    acc.add_argument("--file", type=Path, help="lessons file (default: the skill's lessons.yaml)")
+    acc.add_argument("--by", help="who accepts it (default: the login name)")
+    add_json_flag(acc)
+    acc.set_defaults(func=run_accept)
+
 
 def run_validate(args: argparse.Namespace) -> int:
     for path in (args.levers, args.lessons):
@@ -83,4 +91,28 @@ def run_schema(args: argparse.Namespace) -> int:
 
 
 def run_add(args: argparse.Namespace) -> int:
-    return run_add_lesson(args, "attune catalog add-lesson")
+    return run_add_lesson(args, "attune catalog add-lesson", author="person (attune catalog add-lesson)")
+
+
+def run_accept(args: argparse.Namespace) -> int:
+    import getpass
+    import re
+
+    from attune.knowledge.lessons import LessonError, accept_lesson, default_lessons_path
+
+    if not re.fullmatch(r"L\d{4,}", args.lesson_id):
+        raise UsageError(f"lesson_id: expected an id like L0001, got {args.lesson_id!r}")
+    who = args.by or getpass.getuser()
+    try:
+        entry = accept_lesson(args.file or default_lessons_path(), args.lesson_id, f"person {who}")
+    except LessonError as exc:
+        if args.json:
+            emit_json({"accepted": False, "error": str(exc)})
+        else:
+            print(f"attune catalog accept-lesson: {exc}")
+        return EXIT_FAILED
+    if args.json:
+        emit_json({"accepted": True, "lesson": entry})
+    else:
+        print(f"accepted {entry['id']} ({entry['accepted']})")
+    return EXIT_OK

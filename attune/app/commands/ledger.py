@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from attune.core import textsafe
 from attune.core.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from attune.core.ledger import LEDGER_NAME, LedgerError, read, verify
 from attune.core.output import add_json_flag, emit_json
@@ -82,5 +83,5 @@ def run_show(args: argparse.Namespace) -> int:
         emit_json({"rows": [r.as_dict() for r in rows], "torn_tail": result.torn_tail is not None})
     else:
         for r in rows:
-            print(f"{r.seq:>6} {r.ts} {r.type:<20} {r.data}")
+            print(textsafe.terminal(f"{r.seq:>6} {r.ts} {r.type:<20} {r.data}"))  # agent text: no escapes
     return EXIT_OK

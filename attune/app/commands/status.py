@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from attune.app.commands._ledger_input import check_ledger_file
+from attune.core import textsafe
 from attune.core.errors import EXIT_FAILED, EXIT_OK
 from attune.core.ledger import LEDGER_NAME, LedgerError
 from attune.core.output import add_json_flag, emit_json
@@ -29,7 +30,13 @@ def render(s: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    con = Console(highlight=False)
+    _print = con.print
+
+    def clean_print(*objs: Any, **kw: Any) -> None:  # agent-written text reaches a terminal: no escapes
+        _print(*(textsafe.terminal(o) if isinstance(o, str) else o for o in objs), **kw)
+
+    con.print = clean_print  # type: ignore[method-assign]
     b, c, lead = s["budget"], s["calibration"], s["leader"]
     con.print(f"[bold]campaign[/] {s['name']}  gpus={s['gpus']}  rows={s['rows']}")
     con.print(

@@ -33,6 +33,43 @@ def _gate_list_problem(spec: Any, where: str) -> str | None:
     return None
 
 
+def _search_space_warnings(spec: Any, where: str) -> list[str]:
+    """Values of the campaign's own search space that its correctness list refuses (as the broker applies
+    it to this campaign: `attune.control.plane.load_gate_list`), one move from the baseline at a time.
+    A warning, not an error: the search still runs, but a tuner would spend nothing useful there."""
+    from attune.control.plane import load_gate_list
+    from gate.config_check import check_recipe
+    from gate.lists import ListError
+
+    p = Path(where)
+    try:
+        loaded = load_gate_list(spec, p if p.is_dir() else p.parent, None)
+    except (ListError, OSError):
+        return []  # reported as a problem already
+    base_args = {k: v for k, v in spec.baseline.args.items() if v not in (None, False)}
+    base_env = {k: str(v) for k, v in (spec.baseline.env or {}).items()}
+    out: list[str] = []
+    for key, values in (spec.search_space or {}).items():
+        refused = []
+        for value in values:
+            args, env = dict(base_args), dict(base_env)
+            target: dict[str, Any] = args if key.startswith("--") else env
+            if value is None or value is False:
+                target.pop(key, None)
+            else:
+                target[key] = value if key.startswith("--") else str(value)
+            if args == base_args and env == base_env:
+                continue
+            result = check_recipe(loaded, base_args, args, base_env, env)
+            if not result.passed:
+                refused.append((value, result.refusals[0].reason))
+        if refused:
+            vals = ", ".join(repr(v) for v, _ in refused)
+            out.append(f"search_space.{key}: the correctness list refuses {vals} "
+                       f"({len(refused)} of {len(values)} values), e.g. {refused[0][1]}")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         spec = load_spec(args.spec)
@@ -50,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(str(exc), file=sys.stderr)
         return EXIT_USAGE
+    warnings = _search_space_warnings(spec, args.spec)
     digest = spec_sha256(args.spec)
     summary = {
         "name": spec.name,
@@ -62,8 +100,11 @@ def run(args: argparse.Namespace) -> int:
         "budget_gpu_hours": spec.budget.gpu_hours,
     }
     if args.json:
-        emit_json({"valid": True, "file": str(args.spec), "sha256": digest, "problems": [], "campaign": summary})
+        emit_json({"valid": True, "file": str(args.spec), "sha256": digest, "problems": [], "warnings": warnings,
+                   "campaign": summary})
     else:
+        for w in warnings:
+            print(f"warning: {w}", file=sys.stderr)
         print(f"{args.spec}: valid campaign {spec.name!r} ({spec.model} on {spec.cluster.gpus} x "
               f"{spec.cluster.accelerator}, {spec.cluster.backend} backend); sha256 {digest[:12]}")
     return EXIT_OK
