@@ -45,6 +45,7 @@ SPELLINGS = [
     # multi-line scalars, folded (what yaml.safe_dump writes for a long string)
     "a: plain\n  continued\n\n  new line\nb: 1\n",
     "- one\n  two\n- k: v\n    w\n",
+    "a: plain\n  - not an item\nb:\n- x\n  - y\n",  # a leading "- " continues a plain value too
     "a: 'open\n  close'  # c\nb: 'x\n\n  y'\n",
     "a: \"esc\\\n  aped\"\nb: \"two\n    lines\"\n",
 ]
@@ -59,7 +60,6 @@ REFUSED = [
     "a: 1e3\n", "a: 0x1f\n", "a: 1_000\n", "a: 012\n", "a: 1:30\n", "a: 2024-01-01\n",  # looks numeric
     "a: b: c\n",
     "a: plain\n  continued: x\n",  # a multi-line plain value that looks like a key
-    "a: plain\n  - item\n",  # ... or like a sequence
     "a: 'open\nclose'\n",  # a quoted value's lines not indented under its key
     "a: 'never closes\n  at all\n",
     "a: [1, 2\n",  # never closes
@@ -94,13 +94,13 @@ def test_what_it_cannot_read_exactly_is_refused_naming_the_line(text: str) -> No
 
 def test_long_strings_as_yaml_safe_dump_writes_them() -> None:
     """attune writes campaign.yaml with `yaml.safe_dump` (TTB's evidence): long strings fold over lines."""
-    words = ["alpha", "it's", 'say "hi"', "x:y", "#hash", "a-b", "q'q", "\\", "\u00e9", "end."]
+    words = ["alpha", "it's", 'say "hi"', "x:y", "#hash", "a-b", "q'q", "\\", "\u00e9", "end.", "- x", "k: v"]
     for n in range(60):
         text = " ".join(words[(n * 7 + i) % len(words)] for i in range(5 + n))
         text += "\n\nsecond paragraph" if n % 5 == 0 else ""
-        doc = {"notes": text, "list": [text, {"k": text}], "deep": {"er": {"v": text}}}
+        doc = {"notes": text, "list": [text, {"k": text, "j": [text]}], "deep": {"er": {"v": text}}}
         for style in (None, "'", '"'):
-            dumped = yaml.safe_dump(doc, default_style=style, width=40)
+            dumped = yaml.safe_dump(doc, default_style=style, width=(20, 40, 80)[n % 3])
             assert yamlsubset.loads(dumped) == yaml.safe_load(dumped) == doc, dumped
 
 

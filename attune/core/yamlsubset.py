@@ -15,7 +15,7 @@ naming the line, never guessing:
 Refused: anchors, aliases, tags, block scalars (`|`, `>`), directives, several documents, complex
 keys (`?`), duplicate keys, and anything else outside the subset. Multi-line quoted and plain scalars are
 read (folded as YAML folds them: what `yaml.safe_dump` writes for a long string) when their lines are
-indented under their key; a plain one whose lines hold ': ', ' #' or a leading '- ' is refused.
+indented under their key; a plain one whose lines hold ': ' or ' #' is refused.
 """
 
 from __future__ import annotations
@@ -163,10 +163,14 @@ def _value_start(body: str, indent: int, where: str) -> tuple[int, int] | None:
             _, j = _quoted(rest, 0, where)
         except YamlSubsetError:
             return (col, i) if i else None
+        if rest[j:].rstrip() == ":":
+            return None  # `'key':`: its value is the block below
         if rest[j : j + 2] != ": ":
             return (col, i) if i else None
     else:
         j = rest.find(": ")
+        if j < 0 and rest.rstrip().endswith(":") and rest[:1] not in "[{":
+            return None  # `key:`: its value is the block below
         if j < 0 or rest[:1] in "[{":
             return (col, i) if i else None
     v = i + j + 2
@@ -220,9 +224,8 @@ def _multiline(raws: list[str], k: int, indent: int, where: str) -> tuple[str, i
             continue
         if len(raw) - len(raw.lstrip(" ")) <= col or line.startswith("#"):
             break
-        if ": " in line or line.endswith(":") or " #" in line or line.startswith("- ") or "\t" in line:
-            raise YamlSubsetError(f"line {j + 1}: a multi-line plain value with ': ', ' #' or a leading "
-                                  "'- ' in it: quote it")
+        if ": " in line or line.endswith(":") or " #" in line or "\t" in line:
+            raise YamlSubsetError(f"line {j + 1}: a multi-line plain value with ': ' or ' #' in it: quote it")
         parts.append("\n" * empties if empties else " ")
         parts.append(line)
         empties = 0
@@ -230,6 +233,14 @@ def _multiline(raws: list[str], k: int, indent: int, where: str) -> tuple[str, i
     if len(parts) == 1:
         return None
     return body[:v] + _quote("".join(parts)), j - empties
+
+
+def _deeper_next(raws: list[str], k: int, indent: int) -> bool:
+    """Is the next non-blank raw line (from index k) more indented than `indent`? Only then can a plain
+    value continue (the hooks parse campaign.yaml on every tool call: most lines skip `_multiline`)."""
+    while k < len(raws) and not raws[k].strip():
+        k += 1
+    return k < len(raws) and len(raws[k]) - len(raws[k].lstrip(" ")) > indent
 
 
 def _strip_comment(line: str, where: str) -> str:
@@ -515,10 +526,17 @@ def loads(text: str) -> Any:
         if body.startswith("\t") and body.strip():
             raise YamlSubsetError(f"{where}: indent with spaces, not tabs")
         indent = len(raw) - len(body)
-        joined = _multiline(raws, num - 1, indent, where) if body.strip() else None
+        joined = _multiline(raws, num - 1, indent, where) if body.strip() and _deeper_next(raws, k, indent) else None
         if joined is not None:
             body, k = joined
-        content = _strip_comment(body, where)
+        try:
+            content = _strip_comment(body, where)
+        except YamlSubsetError:  # a quoted value that does not close on its line: it may continue below
+            joined = None if joined is not None else _multiline(raws, num - 1, indent, where)
+            if joined is None:
+                raise
+            body, k = joined
+            content = _strip_comment(body, where)
         if not content:
             continue
         head, _, indicator = content.rpartition(" ")
