@@ -19,7 +19,7 @@ A step past the last step any pair covers gets the largest ``u`` seen (noise gro
 apart, so extrapolating the largest value errs towards passing, and the verdict says it did). When
 every pair is bit-for-bit identical the stack is **deterministic** and ``u = floor_rel``: then a
 legitimate change reorders float sums and nothing else, and ``floor_rel`` is the allowance: by the
-compute precision (`FLOOR_BY_PRECISION`: 0.1% for fp32, 0.25% for bf16/fp16). With no pair at all,
+compute precision (`FLOOR_BY_PRECISION`: 0.1% for fp32, 0.3% for bf16/fp16, derived from data: see FLOOR_BY_PRECISION). With no pair at all,
 ``u`` is ``floor_rel`` too and the verdict says the envelope rests on the floor alone. A noise
 estimated from few differences is widened to its 95% upper confidence bound (`upper_bound_factor`).
 
@@ -91,12 +91,12 @@ def config_for(precision: str, source: str = "given", **overrides: Any) -> Noise
 
 class NoiseConfig(BaseModel):
     k_sigma: float = Field(4.0, gt=0, description="envelope half-width, in noise units u(s)")
-    floor_rel: float = Field(FLOOR_BY_PRECISION[DEFAULT_PRECISION], gt=0, description=(
+    floor_rel: float = Field(FLOOR_BY_PRECISION["fp32"], gt=0, description=(
         "smallest noise unit, relative to the baseline loss (FLOOR_BY_PRECISION: 0.1% fp32, 0.3% bf16/fp16)"))
     window: int = Field(2, ge=0, description="logged steps on each side pooled into one step's noise")
     max_outside_ratio: float = Field(0.10, ge=0, le=1, description="share of steps allowed outside the envelope")
     min_steps: int = Field(5, ge=2, description="fewer common steps than this cannot be judged: reject")
-    precision: str = Field(DEFAULT_PRECISION, description="the compute precision assumed (sets floor_rel)")
+    precision: str = Field("fp32", description="the precision assumed (sets floor_rel; the library default is the strictest, callers resolve it with precision_from)")
     precision_source: str = Field("default", description=(
         "how the precision is known: 'given' (--precision), 'log' (the baseline's arguments) or 'default' "
         "(assumed: DEFAULT_PRECISION)"))
