@@ -19,7 +19,8 @@ A step past the last step any pair covers gets the largest ``u`` seen (noise gro
 apart, so extrapolating the largest value errs towards passing, and the verdict says it did). When
 every pair is bit-for-bit identical the stack is **deterministic** and ``u = floor_rel``: then a
 legitimate change reorders float sums and nothing else, and ``floor_rel`` is the allowance: by the
-compute precision (`FLOOR_BY_PRECISION`: 0.1% for fp32, 0.3% for bf16/fp16, derived from data: see FLOOR_BY_PRECISION). With no pair at all,
+compute precision and the change class (`FLOOR_BY_PRECISION`: 0.1% fp32, 0.25% bf16/fp16 for a change of
+unknown class; `LAYOUT_FLOOR_BY_PRECISION`: 0.3% bf16/fp16 for a layout-only change, derived from data). With no pair at all,
 ``u`` is ``floor_rel`` too and the verdict says the envelope rests on the floor alone. A noise
 estimated from few differences is widened to its 95% upper confidence bound (`upper_bound_factor`).
 
@@ -50,16 +51,22 @@ from pydantic import BaseModel, Field
 Curve = Mapping[int, float | None]
 
 
-# The smallest allowance for a legitimate change, by the precision the model computes in. On a
-# deterministic stack a legitimate change only reorders float sums; how far that moves a loss curve
-# depends on the precision and on how chaotic training is. fp32: tinygpt's legitimate changes move its
-# 60-step validation curves by at most 0.14% (docs/gate.md), inside the 0.4% band 0.1% gives at k = 4.
-# bf16/fp16: the median, over the development corpus's layout pairs (Megatron-LM functional-test goldens
-# at commit d98e8a64, `tests/data/real_curves`; `python -m gate.realcurves --derive` prints it), of the
-# RMS relative difference a layout change makes over the judged window (after the first 20% of the steps):
-# 0.30% (40 pairs; the 90th percentile is 0.58%).
-# Held-out corpora (`tests/data/real_curves_mlm2024`, `tests/data/real_curves_torchtitan`) are not used.
-FLOOR_BY_PRECISION = {"fp32": 1e-3, "bf16": 3e-3, "fp16": 3e-3}
+# The smallest noise unit, by the precision the model computes in and by what layer 1 says changed.
+#
+# FLOOR_BY_PRECISION: a change of unknown class (replicates, code changes, and objective-class changes,
+# where layer 2 is the backstop). It is the replicate-level allowance and issue 25 does not widen it: fp32
+# 0.1% (tinygpt's legitimate changes move its 60-step validation curves by at most 0.14%, docs/gate.md,
+# inside the 0.4% band 0.1% gives at k = 4); bf16/fp16 0.25% (issue 16's figure on the development corpus).
+#
+# LAYOUT_FLOOR_BY_PRECISION: a change layer 1 classes as layout-only (structural or tested same-math
+# arguments). Such a change reorders float sums; its allowance is what that does to a bf16 curve, measured:
+# the median, over the development corpus's layout pairs (Megatron-LM functional-test goldens at commit
+# d98e8a64, `tests/data/real_curves`; `python -m gate.realcurves --derive` prints it), of the RMS relative
+# difference a layout change makes over the judged window (after the first 20% of the steps): 0.30%
+# (40 pairs; the 90th percentile is 0.58%). Held-out corpora (`tests/data/real_curves_mlm2024`,
+# `tests/data/real_curves_torchtitan`) are not used for either figure.
+FLOOR_BY_PRECISION = {"fp32": 1e-3, "bf16": 2.5e-3, "fp16": 2.5e-3}
+LAYOUT_FLOOR_BY_PRECISION = {"fp32": 1e-3, "bf16": 3e-3, "fp16": 3e-3}
 # When the inputs do not say (curves given as JSON, a log without the arguments block): LLM training is
 # bf16 mixed precision almost everywhere, so the default is bf16, and every verdict says it was assumed.
 DEFAULT_PRECISION = "bf16"
@@ -81,18 +88,25 @@ def precision_from(args: Mapping[str, Any] | None) -> tuple[str, str]:
     return precision_of(args), "log"
 
 
-def config_for(precision: str, source: str = "given", **overrides: Any) -> NoiseConfig:
-    """The default configuration with the floor for this compute precision (`source`: how it is known)."""
+def floor_for(precision: str, change: str = "unknown") -> float:
+    """The floor for this compute precision and change class: the layout allowance for a layout-only change,
+    the replicate-level floor otherwise."""
     if precision not in FLOOR_BY_PRECISION:
         raise ValueError(f"precision: expected one of {sorted(FLOOR_BY_PRECISION)}, got {precision!r}")
-    return NoiseConfig(floor_rel=FLOOR_BY_PRECISION[precision], precision=precision, precision_source=source,
-                       **overrides)
+    return (LAYOUT_FLOOR_BY_PRECISION if change == "layout" else FLOOR_BY_PRECISION)[precision]
+
+
+def config_for(precision: str, source: str = "given", **overrides: Any) -> NoiseConfig:
+    """The default configuration with the floor for this compute precision and change class (`source`: how
+    the precision is known; `change` among the overrides selects the layout allowance)."""
+    floor = floor_for(precision, overrides.get("change", "unknown"))
+    return NoiseConfig(floor_rel=floor, precision=precision, precision_source=source, **overrides)
 
 
 class NoiseConfig(BaseModel):
     k_sigma: float = Field(4.0, gt=0, description="envelope half-width, in noise units u(s)")
     floor_rel: float = Field(FLOOR_BY_PRECISION["fp32"], gt=0, description=(
-        "smallest noise unit, relative to the baseline loss (FLOOR_BY_PRECISION: 0.1% fp32, 0.3% bf16/fp16)"))
+        "smallest noise unit, relative to the baseline loss (floor_for: 0.1% fp32; bf16/fp16 0.25%, layout 0.3%)"))
     window: int = Field(2, ge=0, description="logged steps on each side pooled into one step's noise")
     max_outside_ratio: float = Field(0.10, ge=0, le=1, description="share of steps allowed outside the envelope")
     min_steps: int = Field(5, ge=2, description="fewer common steps than this cannot be judged: reject")
@@ -441,6 +455,8 @@ def check_noise_aware(baseline: Curve, candidate: Curve, envelope: NoiseEnvelope
     gap over the last third of the window (drift and divergence), not every step's envelope."""
     cfg = config or NoiseConfig()
     env = envelope or build_envelope(baseline, (), cfg)
+    if cfg.floor_rel > env.floor_rel:  # an envelope built for another change class: this check's floor counts
+        env = env.model_copy(update={"floor_rel": cfg.floor_rel})
     k = env.k_sigma
     notes: list[str] = []
     base, cand = _clean(baseline), _clean(candidate)
