@@ -65,6 +65,8 @@ class PairVerdict(BaseModel):
     noise_aware_why: str
     gate: bool
     max_rel_diff: float | None
+    mean_rel_diff: float | None = None
+    same_sign_share: float | None = None
     assumed: str
 
 
@@ -128,13 +130,17 @@ def _judge_row(corpus: str, pair: Pair, cut_name: str, last: int | None, mode: s
     cfg = config_for(precision, "log", change="layout" if mode == "layout" else "unknown")
     g = judge(base, cand, replicates=reps, noise_config=cfg)
     ref, na = g.reference, g.noise_aware
-    rels = [abs((cand[s] - base[s]) / base[s]) for s in na.steps if base[s]]  # type: ignore[operator]
+    signed = [(cand[s] - base[s]) / abs(base[s]) for s in na.steps if base[s]]  # type: ignore[operator]
+    rels = [abs(x) for x in signed]
+    pos = sum(x > 0 for x in signed)
     return PairVerdict(
         corpus=corpus, kind=kind, baseline=a, candidate=b, env="", cut=cut_name, mode=mode, steps=len(na.steps),
         replicates=len(reps), same_objective=EXPECTED[kind], reference=ref.passed,
         reference_why="pass" if ref.passed else ", ".join(ref.failed_checks or ["step sets differ"]),
         noise_aware=na.passed, noise_aware_why="pass" if na.passed else ", ".join(na.failed_checks or ["data"]),
-        gate=g.passed, max_rel_diff=max(rels) if rels else None, assumed=na.assumed())
+        gate=g.passed, max_rel_diff=max(rels) if rels else None,
+        mean_rel_diff=float(np.mean(signed)) if signed else None,
+        same_sign_share=max(pos, len(signed) - pos) / len(signed) if signed else None, assumed=na.assumed())
 
 
 def evaluate(corpora: list[str] | None = None) -> list[PairVerdict]:
@@ -180,12 +186,16 @@ def format_headline(rows: list[PairVerdict]) -> str:
 
 
 def format_rows(rows: list[PairVerdict]) -> str:
-    lines = ["| corpus | kind | baseline | candidate | cut | mode | steps | envelope runs | max diff | reference | "
-             "noise-aware | layer 2 |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    """One line per pair, cut and mode: the judged window's largest and mean signed difference, the share of
+    judged steps on the majority side (1.0: the gap never changes sign), and each verdict."""
+    lines = ["| corpus | kind | baseline | candidate | cut | mode | steps | envelope runs | max diff | mean diff | "
+             "same sign | reference | noise-aware | layer 2 |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         md = "-" if r.max_rel_diff is None else f"{r.max_rel_diff:.2%}"
+        mn = "-" if r.mean_rel_diff is None else f"{r.mean_rel_diff:+.2%}"
+        ss = "-" if r.same_sign_share is None else f"{r.same_sign_share:.2f}"
         lines.append(f"| {r.corpus} | {r.kind} | {r.baseline} | {r.candidate} | {r.cut} | {r.mode} | {r.steps} | "
-                     f"{r.replicates} | {md} | {r.reference_why} | {r.noise_aware_why} | "
+                     f"{r.replicates} | {md} | {mn} | {ss} | {r.reference_why} | {r.noise_aware_why} | "
                      f"{'pass' if r.gate else 'reject'} |")
     return "\n".join(lines)
 

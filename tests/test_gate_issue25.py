@@ -117,3 +117,20 @@ def test_realcurves_table_on_the_held_out_corpora():
     assert all(r.assumed.startswith("precision ") and "window" in r.assumed for r in rows)
     text = realcurves.format_headline(rows)
     assert "held out" in text
+
+
+def test_held_out_catches_do_not_fall_below_the_gate_before_issue_25():
+    """Objective pairs are judged as the product judges them (layer 1 classes them objective: change unknown);
+    same-objective pairs as layer 1 classes them (layout). Floors: what main's gate caught / rejected on
+    these corpora before issue 25 (measured with main's code, docs/gate.md)."""
+    rows = realcurves.evaluate(["megatron-lm-2024", "torchtitan"])
+    head = {(h["corpus"], h["cut"]): h for h in realcurves.headline(rows)}
+    before_caught = {("megatron-lm-2024", "20 steps"): 17, ("megatron-lm-2024", "all steps"): 15,
+                     ("torchtitan", "20 steps"): 1, ("torchtitan", "all steps"): 3}
+    before_legit_rejected = {("megatron-lm-2024", "20 steps"): 0, ("megatron-lm-2024", "all steps"): 0,
+                             ("torchtitan", "20 steps"): 3, ("torchtitan", "all steps"): 3}
+    for key, caught in before_caught.items():
+        assert head[key]["objective_rejected_strict"] >= caught, key
+        assert head[key]["legit_rejected"] <= before_legit_rejected[key], key
+    printed = realcurves.format_rows([r for r in rows if r.corpus == "torchtitan"][:4])
+    assert "mean diff" in printed and "same sign" in printed and printed.count("\n") == 5
