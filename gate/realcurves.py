@@ -2,7 +2,7 @@
 
 - ``megatron-lm`` (development corpus, `tests/data/real_curves`): Megatron-LM's functional-test golden
   values at commit d98e8a64 (`collect.py` there says how cases and pairs are chosen). The bf16 floor
-  (`gate.noise.FLOOR_BY_PRECISION`) is derived from its layout pairs (`--derive` prints the figure).
+  (`gate.noise.LAYOUT_FLOOR_BY_PRECISION`) is derived from its layout pairs (`--derive` prints the figure).
 - ``megatron-lm-2024`` (held out, `tests/data/real_curves_mlm2024`): the same kind of goldens at commit
   1115e062 (December 2024: other models, layouts, machines and containers, `dev` vs `lts`).
 - ``torchtitan`` (held out, `tests/data/real_curves_torchtitan`): torchtitan's CI loss goldens across its
