@@ -272,12 +272,12 @@ class CampaignRunner:
         return self.state()
 
     def _client(self) -> Any:
-        from broker.client import BrokerClient, endpoint_for
+        from broker.client import ReconnectingClient
 
         if self._inproc is not None:
             return self._inproc.client()
-        ep = endpoint_for(self.dir)
-        return BrokerClient(ep.url, ep.token)
+        # Over HTTP the calibration, the search and the stop all outlive the broker: a dead one is restarted.
+        return ReconnectingClient(self.dir, say=self.say)
 
     def _ensure_broker(self) -> None:
         """The broker must be up while anything is to be watched or shipped (it restarts a dead one)."""
