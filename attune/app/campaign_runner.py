@@ -332,6 +332,15 @@ class CampaignRunner:
     # --- the steps --------------------------------------------------------------------------
     def run(self) -> TuneResult:
         t0 = time.monotonic()
+        if self.tuner_name == AGENT:
+            from attune.app import sandbox
+
+            why = sandbox.unavailable()
+            if why:  # before anything is written: the same command would fail the same way
+                raise RunnerError(
+                    f"the claude tuner (the default) runs Claude Code inside its OS sandbox, which is unavailable "
+                    f"here: {why}. Install what is missing and run the command again, or run a built-in tuner "
+                    f"instead: attune tune {self.dir / 'campaign.yaml'} --tuner heuristic")
         # A black-box tuner samples the space: the skill's search rules bind the agent and the heuristic only.
         spec, _ = start(self.dir, search_rules="off" if self.tuner_name in EARLY_ABORT_TUNERS else "enforced")
         if self.tuner_name != "claude":
@@ -402,12 +411,23 @@ class CampaignRunner:
             done = [r for r in st.runs.values() if r.kind == RunKind.CALIBRATION and r.status == "finished"]
             failed = [r for r in done if r.outcome != RunOutcome.OK]
             invalid = [r for r in done if r.outcome == RunOutcome.OK and not r.valid]
+            unsubmitted = [r for r in failed if (r.reason or "").startswith("submission failed")]
+            if unsubmitted and not any(r.started_at is not None for r in st.runs.values()):
+                # The cluster never ran a job of this campaign and refused this one (unreachable, or no node
+                # can hold it): more attempts fail the same way. The backend's words name the cluster.
+                last = unsubmitted[-1]
+                raise RunnerError(
+                    f"the {spec.cluster.backend} cluster did not take the baseline's calibration run {last.run_id}: "
+                    f"{last.reason}. Nothing can be measured until it does: check the cluster (cluster: in "
+                    "campaign.yaml) and the job's size, then run the same command again")
             if len(failed) > required or len(invalid) > 3 * required:
                 last = (failed or invalid)[-1]
                 raise RunnerError(
                     f"the baseline failed {len(failed)} and measured invalid {len(invalid)} calibration runs (last: "
-                    f"{last.run_id} {last.outcome}: {last.reason}; {'; '.join(last.invalid_reasons)}); fix the recipe "
-                    "or the machine's load")
+                    f"{last.run_id} {last.outcome}: {last.reason}; {'; '.join(last.invalid_reasons)}); "
+                    + ("the cluster keeps failing the runs: check it (attune status shows each run's reason)"
+                       if all(r.outcome == RunOutcome.INFRASTRUCTURE for r in failed) and failed
+                       else "fix the recipe or the machine's load"))
             open_ = [r for r in st.in_flight if r.kind == RunKind.CALIBRATION]
             want = required - len(st.calibration_values) - len(open_)
             room = spec.budget.concurrency - len(st.in_flight)

@@ -29,7 +29,8 @@ def render(s: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    # Piped (not a terminal), lines are not cut to a guessed 80 columns.
+    con = Console() if sys.stdout.isatty() else Console(width=10_000, soft_wrap=True)
     b, c, lead = s["budget"], s["calibration"], s["leader"]
     con.print(f"[bold]campaign[/] {s['name']}  gpus={s['gpus']}  rows={s['rows']}")
     con.print(
@@ -51,6 +52,11 @@ def render(s: dict[str, Any]) -> None:
     )
     if s["runs"]:
         t = Table("run", "kind", "lever", "status", "outcome", "tok/s/GPU", "GPU-h", "verdict")
+        # A run id is what a user types next (attune report, run_status): never truncated or wrapped. When the
+        # table cannot fit, the other columns wrap instead; piped, rows are as wide as they need to be.
+        t.columns[0].no_wrap = True
+        t.columns[0].overflow = "ignore"
+        t.columns[0].min_width = max(len(r["run_id"]) for r in s["runs"])
         for r in s["runs"]:
             t.add_row(
                 r["run_id"], r["kind"], r["lever"] or "", r["status"], r["outcome"] or "",
