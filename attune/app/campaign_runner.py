@@ -209,6 +209,32 @@ def _say_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def _check_calibration(st: CampaignState, spec: CampaignSpec) -> None:
+    """Raise RunnerError when calibration cannot succeed: the cluster never took a job of this campaign and
+    refused the baseline's submission, or the baseline keeps failing or measuring invalid."""
+    required = spec.calibration.runs
+    done = [r for r in st.runs.values() if r.kind == RunKind.CALIBRATION and r.status == "finished"]
+    failed = [r for r in done if r.outcome != RunOutcome.OK]
+    invalid = [r for r in done if r.outcome == RunOutcome.OK and not r.valid]
+    unsubmitted = [r for r in failed if (r.reason or "").startswith("submission failed")]
+    if unsubmitted and not any(r.started_at is not None for r in st.runs.values()):
+        # The cluster never ran a job of this campaign and refused this one (unreachable, or no node
+        # can hold it): more attempts fail the same way. The backend's words name the cluster.
+        last = unsubmitted[-1]
+        raise RunnerError(
+            f"the {spec.cluster.backend} cluster did not take the baseline's calibration run {last.run_id}: "
+            f"{last.reason}. Nothing can be measured until it does: check the cluster (cluster: in "
+            "campaign.yaml) and the job's size, then run the same command again")
+    if len(failed) > required or len(invalid) > 3 * required:
+        last = (failed or invalid)[-1]
+        raise RunnerError(
+            f"the baseline failed {len(failed)} and measured invalid {len(invalid)} calibration runs (last: "
+            f"{last.run_id} {last.outcome}: {last.reason}; {'; '.join(last.invalid_reasons)}); "
+            + ("the cluster keeps failing the runs: check it (attune status shows each run's reason)"
+               if all(r.outcome == RunOutcome.INFRASTRUCTURE for r in failed) and failed
+               else "fix the recipe or the machine's load"))
+
+
 class CampaignRunner:
     def __init__(
         self,
@@ -408,26 +434,7 @@ class CampaignRunner:
             st = self._current()
             if st.calibration is not None or st.failed is not None:
                 return
-            done = [r for r in st.runs.values() if r.kind == RunKind.CALIBRATION and r.status == "finished"]
-            failed = [r for r in done if r.outcome != RunOutcome.OK]
-            invalid = [r for r in done if r.outcome == RunOutcome.OK and not r.valid]
-            unsubmitted = [r for r in failed if (r.reason or "").startswith("submission failed")]
-            if unsubmitted and not any(r.started_at is not None for r in st.runs.values()):
-                # The cluster never ran a job of this campaign and refused this one (unreachable, or no node
-                # can hold it): more attempts fail the same way. The backend's words name the cluster.
-                last = unsubmitted[-1]
-                raise RunnerError(
-                    f"the {spec.cluster.backend} cluster did not take the baseline's calibration run {last.run_id}: "
-                    f"{last.reason}. Nothing can be measured until it does: check the cluster (cluster: in "
-                    "campaign.yaml) and the job's size, then run the same command again")
-            if len(failed) > required or len(invalid) > 3 * required:
-                last = (failed or invalid)[-1]
-                raise RunnerError(
-                    f"the baseline failed {len(failed)} and measured invalid {len(invalid)} calibration runs (last: "
-                    f"{last.run_id} {last.outcome}: {last.reason}; {'; '.join(last.invalid_reasons)}); "
-                    + ("the cluster keeps failing the runs: check it (attune status shows each run's reason)"
-                       if all(r.outcome == RunOutcome.INFRASTRUCTURE for r in failed) and failed
-                       else "fix the recipe or the machine's load"))
+            _check_calibration(st, spec)
             open_ = [r for r in st.in_flight if r.kind == RunKind.CALIBRATION]
             want = required - len(st.calibration_values) - len(open_)
             room = spec.budget.concurrency - len(st.in_flight)

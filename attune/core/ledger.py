@@ -296,7 +296,10 @@ def _moved_or_copied(campaign_dir: Path) -> tuple[bytes, Anchor | None, str] | N
     """A campaign directory moved or copied by its owner: its key found through the ledger's first row (the
     ledger it started). Moved (the same directory: device and inode as the anchor records, its old path
     gone): the key and anchor are filed under the new path, and every check applies. Copied: the rows'
-    MACs are checked with the original's key; the anchor is the original's, so it is not checked here."""
+    MACs are checked with the original's key; the anchor is the original's, so it is not checked here. Only
+    for a directory that never had a key of its own filed (no anchor under its path)."""
+    if os.path.lexists(anchor_path(campaign_dir)):
+        return None  # this directory had a key of its own: a deleted key is a tampering, never a copy
     first = _first_hash(campaign_dir)
     if first is None:
         return None
