@@ -148,6 +148,13 @@ class ReplayPlane:
             r.recipe_key: r for r in state.runs.values()
             if r.kind == RunKind.SEARCH and r.status == "finished" and r.recipe_key and not r.profile
             and r.outcome != RunOutcome.INFRASTRUCTURE}
+        # Infrastructure failures replay too, in order, before the recipe's measured run (if any): the tuner
+        # sees what it saw the first time (a fault, then its retry), and a fault is never launched again.
+        self.faults: dict[str, list[RunState]] = {}
+        for r in sorted(state.runs.values(), key=lambda r: r.admitted_seq or 0):
+            if (r.kind == RunKind.SEARCH and r.status == "finished" and r.recipe_key and not r.profile
+                    and r.outcome == RunOutcome.INFRASTRUCTURE):
+                self.faults.setdefault(r.recipe_key, []).append(r)
         self.replayed = 0
 
     def _key(self, cand: Candidate) -> str | None:
@@ -159,6 +166,11 @@ class ReplayPlane:
 
     def evaluate(self, candidate: Candidate, prune_below: float | None) -> Outcome:
         key = self._key(candidate)
+        fault = self.faults[key].pop(0) if key and self.faults.get(key) else None
+        if fault is not None:
+            self.replayed += 1
+            return Outcome(run_id=fault.run_id, outcome=RunOutcome.INFRASTRUCTURE, reason=fault.reason,
+                           extra={"replayed": True, "verdict": fault.verdict})
         run = self.done.get(key) if key else None
         if run is not None:
             self.replayed += 1
