@@ -48,3 +48,42 @@ def test_a_lever_faulted_every_time_is_not_named_as_tested() -> None:
     s = t.summary()
     assert s["levers_tested"] == []  # a stop naming it would be refused (levers_not_run)
     assert t.failures.get("--micro-batch-size", 0) == 0
+
+
+def test_a_resumed_tuner_replays_faults_then_the_retry_and_launches_neither() -> None:
+    """ReplayPlane on a rerun: a recipe's infrastructure failure and its measured retry come back from the
+    ledger in order; nothing is launched again."""
+    from attune.app.campaign_runner import ReplayPlane
+    from attune.control.spec import load_spec
+    from attune.core.state import CampaignState, RunState
+    from tests.conftest import EXAMPLE_CAMPAIGN
+
+    spec = load_spec(EXAMPLE_CAMPAIGN)
+
+    class Inner:
+        concurrency = 1
+        launched: list[Any] = []
+
+        def evaluate(self, cand: Any, prune: Any) -> Outcome:
+            self.launched.append(cand)
+            return Outcome(run_id="new", outcome=RunOutcome.OK, tokens_per_s_per_gpu=1.0, valid=True)
+
+    probe = ReplayPlane(Inner(), spec, CampaignState())
+    t = HeuristicTuner({"--micro-batch-size": [1, 2]}, {"--micro-batch-size": 1})
+    cand = t.ask()
+    assert cand is not None
+    key = probe._key(cand)
+    st = CampaignState()
+    st.runs["r006"] = RunState("r006", "search", status="finished", outcome="infrastructure", recipe_key=key,
+                               admitted_seq=6, reason="STOPPED from outside the broker")
+    st.runs["r007"] = RunState("r007", "search", status="finished", outcome="ok", recipe_key=key, admitted_seq=7,
+                               tokens_per_s_per_gpu=2.0, valid=True, verdict="leader", retry_of="r006")
+    inner = Inner()
+    plane = ReplayPlane(inner, spec, st)
+    first = plane.evaluate(cand, None)
+    t.tell(cand, first)
+    retry = t.ask()
+    assert first.outcome == RunOutcome.INFRASTRUCTURE and first.run_id == "r006"
+    assert retry is not None and retry.changes == cand.changes
+    second = plane.evaluate(retry, None)
+    assert second.run_id == "r007" and second.promoted and not inner.launched
