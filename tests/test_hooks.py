@@ -189,3 +189,14 @@ def test_stop_at_the_block_cap_records_why_the_session_ended(camp: Path) -> None
     out, _ = run_hook("stop", {"stop_hook_active": False}, camp, **env)  # a new turn: the count restarts
     assert out is not None and out["decision"] == "block"
     assert json.loads((camp / ".stop_blocks.json").read_text())["count"] == 1
+
+
+def test_status_shows_why_the_last_session_ended(camp: Path) -> None:
+    from attune.core import session_end
+
+    session_end.record(str(camp), "the session ended unfinished: [no_stop] no stop recorded", "s1", 9)
+    p = subprocess.run([sys.executable, "-m", "attune", "status", str(camp)], capture_output=True, text=True,
+                       cwd=ROOT, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "the last agent session ended unfinished: the session ended unfinished: [no_stop]" in " ".join(
+        p.stdout.split())

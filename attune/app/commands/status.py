@@ -69,6 +69,11 @@ def render(s: dict[str, Any]) -> None:
         con.print(f"shipped: {s['shipped'].get('run_id')}")
     if s.get("failed"):
         con.print(f"[bold red]FAILED:[/] {s['failed'].get('reason')}")
+    if s.get("session_end") and not s["shipped"] and not s.get("failed"):
+        from rich.markup import escape
+
+        con.print(f"[bold red]the last agent session ended unfinished:[/] {escape(str(s['session_end'].get('reason')))}",
+                  highlight=False)
     for m in s["missing_for_stop"]:
         con.print(f"[yellow]open:[/] {m}")
 
@@ -87,8 +92,10 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"attune status: ledger does not verify ({exc.kind}): {exc}", file=sys.stderr)
         return EXIT_FAILED
+    from attune.core import session_end
+
     payload = {"ok": True, "torn_tail": result.torn_tail is not None, "authenticated": result.authenticated,
-               **state.as_dict()}
+               **state.as_dict(), "session_end": session_end.read(str(d))}
     if args.json:
         emit_json(payload)
     else:
