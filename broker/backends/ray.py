@@ -292,6 +292,7 @@ class RayBackend:
     # ---- submit / status / cancel ------------------------------------------------------------------
 
     def submit(self, spec: JobSpec) -> str:
+        self.client()  # an unreachable cluster is named first, before its state API is asked anything
         spec = self.placeable(spec)
         script = self.render(spec)
         res = self.resources(spec)
