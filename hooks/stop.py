@@ -154,9 +154,24 @@ def _decide(run):
 
 
 def _refuse(run, exc):  # fail closed
-    return {"decision": "block",
-            "reason": f"attune's Stop hook could not check the campaign ({type(exc).__name__}: {exc}); "
-                      "the session continues until the campaign state can be read"}
+    reason = (f"attune's Stop hook could not check the campaign ({type(exc).__name__}: {exc}); "
+              "the session continues until the campaign state can be read")
+    try:  # these blocks count toward Claude Code's cap too: at the last one the run fails, saying why
+        from attune.core import session_end
+
+        payload = run.payload or {}
+        if run.campaign is not None:
+            blocks = session_end.count_block(run.campaign, payload.get("session_id"),
+                                             bool(payload.get("stop_hook_active")))
+            cap = session_end.block_cap()
+            if cap > 0 and blocks > cap:
+                why = f"the session ended unfinished: {reason}"
+                session_end.record(run.campaign, why, payload.get("session_id"), blocks)
+                run.after = lambda: _fail_headless_session(f"attune: {why}")
+                return {"systemMessage": f"attune: FAILED: {why}"}
+    except Exception:
+        pass
+    return {"decision": "block", "reason": reason}
 
 
 def main():

@@ -200,3 +200,16 @@ def test_status_shows_why_the_last_session_ended(camp: Path) -> None:
     assert p.returncode == 0, p.stderr
     assert "the last agent session ended unfinished: the session ended unfinished: [no_stop]" in " ".join(
         p.stdout.split())
+
+
+def test_fail_closed_blocks_count_toward_the_cap_too(camp: Path) -> None:
+    Ledger(camp).append("diagnosis_recorded", {"text": "x"})
+    lines = (camp / "ledger.jsonl").read_text().splitlines()
+    lines[1] = lines[1].replace('"x"', '"y"')
+    (camp / "ledger.jsonl").write_text("\n".join(lines) + "\n")
+    env = {"CLAUDE_CODE_STOP_HOOK_BLOCK_CAP": "1"}
+    out, _ = run_hook("stop", {"stop_hook_active": False}, camp, **env)
+    assert out is not None and out["decision"] == "block"
+    out, _ = run_hook("stop", {"stop_hook_active": True}, camp, **env)
+    assert out is not None and "decision" not in out and "could not check the campaign" in out["systemMessage"]
+    assert json.loads((camp / "session_end.json").read_text())["blocks"] == 2
