@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -228,3 +229,63 @@ class BrokerClient:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"run {run_id} did not finish within {timeout_s:g} s: {payload}")
             time.sleep(interval_s)
+
+
+_IN_FLIGHT = re.compile(r"already in flight \(run ([A-Za-z0-9._-]+)\)")
+
+
+class ReconnectingClient(BrokerClient):
+    """A campaign's client that outlives its broker: a request that cannot reach the broker (it died, it is
+    restarting) reaches it again through `endpoint_for`, which restarts the campaign's local broker, and is
+    sent again, for up to `reconnect_s`. A launch that the dead broker may have admitted is not doubled: the
+    control plane refuses the same recipe while its run is in flight, and that run is the launch's answer."""
+
+    def __init__(self, campaign_dir: Path | str, *, reconnect_s: float = 300.0, timeout_s: float = 120.0,
+                 say: Any = None) -> None:
+        self.dir = Path(campaign_dir).resolve()
+        self.reconnect_s = reconnect_s
+        self.timeout_s = timeout_s
+        self.say = say
+        self.reconnects = 0
+        ep = endpoint_for(self.dir)
+        super().__init__(ep.url, ep.token, timeout_s)
+
+    def _reconnect(self, why: BaseException, deadline: float) -> None:
+        delay = 0.5
+        while True:
+            try:
+                ep = endpoint_for(self.dir)
+            except BrokerUnavailable as exc:
+                if time.monotonic() + delay > deadline:
+                    raise BrokerUnavailable(f"the campaign's broker went away ({why}) and could not be restarted "
+                                            f"within {self.reconnect_s:g} s: {exc}") from None
+                time.sleep(delay)
+                delay = min(2 * delay, 5.0)
+                continue
+            with contextlib.suppress(Exception):
+                self._c.close()
+            self._c = httpx.Client(base_url=ep.url, headers={"Authorization": f"Bearer {ep.token}"},
+                                   timeout=self.timeout_s)
+            self.reconnects += 1
+            if self.say:
+                self.say(f"the broker went away ({type(why).__name__}); reconnected to {ep.url}")
+            return
+
+    def call(self, method: str, path: str, *, params: dict[str, Any] | None = None,
+             body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+        deadline = time.monotonic() + self.reconnect_s
+        lost = False
+        while True:
+            try:
+                status, payload = super().call(method, path, params=params, body=body)
+            except httpx.TransportError as exc:
+                if time.monotonic() > deadline:
+                    raise BrokerUnavailable(f"the campaign's broker does not answer: {exc}") from None
+                lost = True
+                self._reconnect(exc, deadline)
+                continue
+            if lost and method == "POST" and path == "/v1/runs" and payload.get("code") == "identical":
+                m = _IN_FLIGHT.search(str(payload.get("reason") or ""))
+                if m:  # the broker that died had admitted this launch: its run is the answer
+                    return 201, {"admitted": True, "run_id": m.group(1), "reconciled": True}
+            return status, payload

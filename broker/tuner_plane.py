@@ -18,6 +18,12 @@ from broker import wire
 from broker.client import BrokerClient
 
 
+def _rule_refusals(payload: dict[str, Any]) -> list[RuleRefusal]:
+    """The search rules' refusals in a 409 stop answer, as the control plane's own type."""
+    return [RuleRefusal(str(r.get("code")), str(r.get("message") or ""), [str(x) for x in r.get("items") or []])
+            for r in payload.get("refusals") or [] if isinstance(r, dict)]
+
+
 class BrokerControlPlane:
     """`ControlPlane` over a broker client (one campaign's token)."""
 
@@ -99,9 +105,16 @@ class BrokerControlPlane:
                      f"{evidence.get('launches', 0)} launches, {evidence.get('failed', 0)} failed")
         status, payload = self.client.call("POST", "/v1/stop", body=wire.StopRequest(
             levers_tested=levers, diagnosis=diagnosis).model_dump(mode="json"))
+        refusals = list(payload.get("refusals") or []) if status == 409 else []
+        not_run = {str(x) for r in refusals if r.get("code") == "levers_not_run" for x in r.get("items") or []}
+        if not_run and all(r.get("code") == "levers_not_run" for r in refusals):
+            # Levers none of whose runs finished with a measurement (infrastructure faults): they were not
+            # tested, so the stop names the levers that were, and says which could not be measured.
+            kept = [lv for lv in levers if lv not in not_run] or ["(none)"]
+            status, payload = self.client.call("POST", "/v1/stop", body=wire.StopRequest(
+                levers_tested=kept, diagnosis=f"{diagnosis}; not measured (infrastructure): "
+                                              f"{', '.join(sorted(not_run))}").model_dump(mode="json"))
         if status == 409 and payload.get("error") == "stop_refused":
-            raise StopRefusedError([RuleRefusal(str(r.get("code")), str(r.get("message") or ""),
-                                                [str(x) for x in r.get("items") or []])
-                                    for r in payload.get("refusals") or [] if isinstance(r, dict)])
+            raise StopRefusedError(_rule_refusals(payload))
         if status != 201 and payload.get("error") != "stop_already_recorded":
             raise RuntimeError(f"the broker refused the stop record: {payload}")

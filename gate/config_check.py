@@ -88,6 +88,14 @@ class ConfigCheckResult(BaseModel):
             return f"layer 1 passes on {self.model}: {n} change(s), all structural or tested same-math swaps"
         return f"layer 1 refuses on {self.model}: " + "; ".join(f"{r.name} [{r.klass}]: {r.reason}" for r in self.refusals)
 
+    def change_class(self) -> Literal["layout", "unknown"]:
+        """What layer 2 is told changed: 'layout' when layer 1 passes and found at least one change, every one
+        structural or a tested same-math swap (the arithmetic is reordered, the objective is not); else
+        'unknown' (no change seen, e.g. a code change, or a refused one: every step at replicate level)."""
+        ok = self.passed and self.changes and all(c.allowed and c.klass in ("structural", "same_math")
+                                                  for c in self.changes)
+        return "layout" if ok else "unknown"
+
 
 # ----------------------------------------------------------------- recipe (flag form) -> attributes
 

@@ -34,7 +34,16 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from gate.convergence import ConvergenceConfig, ConvergenceResult, check_convergence
-from gate.noise import Curve, NoiseAwareResult, NoiseConfig, NoiseEnvelope, build_envelope, check_noise_aware
+from gate.noise import (
+    Assumptions,
+    Curve,
+    NoiseAwareResult,
+    NoiseConfig,
+    NoiseEnvelope,
+    build_envelope,
+    check_noise_aware,
+    grid_gaps,
+)
 
 FLAT_RATIO = 1.0 / math.sqrt(1.0 / 0.95 ** 2 - 1.0)  # 3.04: S below this many noise sigmas cannot give r >= 0.95
 
@@ -54,6 +63,7 @@ class GateConvergence(BaseModel):
     reference_counts: bool = Field(description="whether the reference rule (after the exceptions) passes")
     excused: list[Excuse]
     noise_aware: NoiseAwareResult
+    assumptions: Assumptions | None = Field(None, description="precision, noise source, change class and window")
 
 
 def _finite(v: object) -> bool:
@@ -69,8 +79,8 @@ def _on_common_steps(baseline: Curve, candidate: Curve, ref: ConvergenceResult,
     base = {int(k): v for k, v in baseline.items()}
     cand = {int(k): v for k, v in candidate.items()}
     common = set(base) & set(cand)
-    if not (common and max(cand) >= max(base)):
-        return None
+    if not (common and max(cand) >= max(base)) or grid_gaps(list(cand), list(base)) or grid_gaps(list(base), list(cand)):
+        return None  # a step lost inside a curve's own logging is not a logging difference
     common_ref = check_convergence({s: base[s] for s in common}, {s: cand[s] for s in common}, reference_config)
     return common_ref, Excuse(check="step sets", why=(
         f"the curves' step sets differ only by logging ({len(base)} baseline and {len(cand)} candidate "
@@ -95,11 +105,12 @@ def _flat_window(baseline: Curve, used: ConvergenceResult, env: NoiseEnvelope) -
 
 def _summary(passed: bool, na: NoiseAwareResult, ref: ConvergenceResult, excused: list[Excuse],
              reasons: list[str]) -> str:
+    assumed = f" [assumed: {na.assumed()}]"
     if not passed:
-        return "layer 2 rejects: " + "; ".join(reasons)
+        return "layer 2 rejects: " + "; ".join(reasons) + assumed
     return ("layer 2 passes: " + na.summary().removeprefix("noise-aware check passes ")
             + "; reference rule " + ("passes" if ref.passed else "passes after: "
-                                     + "; ".join(x.why for x in excused)))
+                                     + "; ".join(x.why for x in excused)) + assumed)
 
 
 def judge(baseline: Curve, candidate: Curve, *, replicates: Sequence[tuple[str, str, Curve]] = (),
@@ -133,7 +144,7 @@ def judge(baseline: Curve, candidate: Curve, *, replicates: Sequence[tuple[str, 
     passed = na.passed and ref_ok
     return GateConvergence(passed=passed, summary=_summary(passed, na, ref, excused, reasons), reasons=reasons,
                            reference=ref, reference_common=common_ref, reference_counts=ref_ok, excused=excused,
-                           noise_aware=na)
+                           noise_aware=na, assumptions=na.assumptions)
 
 
 def curves_from(entries: Mapping[str, Curve]) -> list[tuple[str, str, Curve]]:

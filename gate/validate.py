@@ -248,7 +248,8 @@ def run_validation(cases: list[Case] | None = None, steps: int = DEFAULT_STEPS, 
                     raise RuntimeError(f"a replicate of the {kind} baseline failed (rc {info.returncode}); "
                                        f"see {info.log}")
                 reps.append((f"replicate-check-{i + 1}", "replicate", read_losses(info.log, FRAMEWORK)))
-            envelopes[kind] = noise.build_envelope(read_losses(base_runs[kind].log, FRAMEWORK), reps)
+            cfg = noise.config_for(*noise.precision_from(_resolved(Path(base_runs[kind].log))))
+            envelopes[kind] = noise.build_envelope(read_losses(base_runs[kind].log, FRAMEWORK), reps, cfg)
         rows = []
         for case in selected:
             say(case.name)
@@ -285,20 +286,29 @@ def _outcome(group: Group, l1_pass: bool, gate_passes: bool) -> Any:
 
 
 def _run_candidate(case: Case, cand_args: dict[str, Any], base_run: RunInfo, env: noise.NoiseEnvelope,
-                   loaded: lists.LoadedList, work: Path
+                   loaded: lists.LoadedList, work: Path, l1: config_check.ConfigCheckResult
                    ) -> tuple[RunInfo, config_check.ConfigCheckResult | None, judge.GateConvergence,
                               dict[str, Any]]:
     """Run the candidate and judge it: its resolved-args check (when both logs carry them), layer 2's
-    verdict against the baseline and the loss deviation."""
+    verdict against the baseline (told what layer 1 says changed) and the loss deviation."""
     info = _run(cand_args, case.nproc, {**BASE_ENV, **case.fault_env}, work / f"{case.name}.log")
-    b_res, c_res = _resolved(Path(base_run.log)), _resolved(Path(info.log))
+    return info, *score_logs(Path(base_run.log), Path(info.log), env, loaded, l1)
+
+
+def score_logs(base_log: Path, cand_log: Path, env: noise.NoiseEnvelope, loaded: lists.LoadedList,
+               l1: config_check.ConfigCheckResult
+               ) -> tuple[config_check.ConfigCheckResult | None, judge.GateConvergence, dict[str, Any]]:
+    """Layer 1 on the resolved arguments and layer 2 on the losses of two finished runs' logs."""
+    b_res, c_res = _resolved(base_log), _resolved(cand_log)
     l1r = None
     if b_res is not None and c_res is not None:
         l1r = config_check.check_resolved(loaded, b_res, c_res, BASE_ENV, BASE_ENV)
-    base_curve = read_losses(base_run.log, FRAMEWORK)
-    cand_curve = read_losses(info.log, FRAMEWORK)
-    l2 = judge.judge(base_curve, cand_curve, envelope=env)
-    return info, l1r, l2, convergence.loss_deviation(base_curve, cand_curve)
+    base_curve = read_losses(base_log, FRAMEWORK)
+    cand_curve = read_losses(cand_log, FRAMEWORK)
+    change = l1.change_class() if (l1r is None or l1r.passed) else "unknown"
+    cfg = noise.config_for(*noise.precision_from(b_res), change=change)
+    l2 = judge.judge(base_curve, cand_curve, envelope=env, noise_config=cfg)
+    return l1r, l2, convergence.loss_deviation(base_curve, cand_curve)
 
 
 def _layer1(l1: config_check.ConfigCheckResult, l1r: config_check.ConfigCheckResult | None) -> tuple[bool, str]:
@@ -338,7 +348,7 @@ def _score(case: Case, base_args: dict[str, Any], base_run: RunInfo, env: noise.
     l2: judge.GateConvergence | None = None
     dev: dict[str, Any] = {"max_rel": None, "final_rel": None}
     if l1.passed or run_refused:
-        info, l1r, l2, dev = _run_candidate(case, cand_args, base_run, env, loaded, work)
+        info, l1r, l2, dev = _run_candidate(case, cand_args, base_run, env, loaded, work, l1)
     l1_pass, layer1 = _layer1(l1, l1r)
     ref, na = (l2.reference, l2.noise_aware) if l2 is not None else (None, None)
     gate_passes = l1_pass and l2 is not None and l2.passed

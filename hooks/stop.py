@@ -1,6 +1,11 @@
 #!/usr/bin/env python3
 """attune's Stop hook: a campaign session ends only when the campaign is done.
 
+Claude Code overrides a Stop hook after a cap of consecutive blocks (`CLAUDE_CODE_STOP_HOOK_BLOCK_CAP`,
+8 by default) and would end a headless run with success. The hook counts its blocks
+(`attune.core.session_end`); at the one Claude Code will override, it records why the session ended
+(`session_end.json`, and the hook log) and fails the run like a failed campaign (below).
+
 Inside a campaign directory it folds the ledger and blocks the stop while anything in
 `CampaignState.stop_blockers()` is open: the budget is not spent and no stop with evidence is
 recorded (with the codes and missing items of the last stop the search rules refused), runs are
@@ -104,7 +109,7 @@ def _fail_headless_session(message):
 
 
 def _decide(run):
-    from attune.core import state
+    from attune.core import session_end, state
     from hooks import runtime
 
     payload, campaign = run.payload, run.campaign
@@ -125,18 +130,48 @@ def _decide(run):
         run.after = lambda: _fail_headless_session(f"attune: {failure}")
         return {"systemMessage": f"attune: {failure}"}
     if not missing:
+        session_end.reset_blocks(campaign)
+        session_end.clear(campaign)
         runtime.log_decision(campaign, {**record, "decision": "allow", "reason": "campaign complete"})
         return None
     reason = ("attune: the campaign is not finished, so this session may not end yet. Missing: "
               + "; ".join(missing) + ". Next: " + _hint(codes) + ".")
-    runtime.log_decision(campaign, {**record, "decision": "block", "reason": reason, "codes": codes})
+    blocks = session_end.count_block(campaign, payload.get("session_id"), bool(payload.get("stop_hook_active")))
+    cap = session_end.block_cap()
+    if cap > 0 and blocks > cap:
+        # Claude Code overrides this block and ends the session: say why, and end a headless run non-zero.
+        why = (f"the session ended unfinished: the agent ended its turn {blocks} times in a row while the campaign "
+               f"{st.name or '(not started)'!r} was not finished (Claude Code's cap of {cap} consecutive Stop-hook "
+               f"blocks, {session_end.CAP_ENV}). Missing: " + "; ".join(missing))
+        session_end.record(campaign, why, payload.get("session_id"), blocks)
+        runtime.log_decision(campaign, {**record, "decision": "allow", "outcome": "failed", "reason": why,
+                                        "codes": codes, "blocks": blocks})
+        run.after = lambda: _fail_headless_session(f"attune: {why}")
+        return {"systemMessage": f"attune: FAILED: {why}"}
+    runtime.log_decision(campaign, {**record, "decision": "block", "reason": reason, "codes": codes,
+                                    "blocks": blocks})
     return {"decision": "block", "reason": reason}
 
 
 def _refuse(run, exc):  # fail closed
-    return {"decision": "block",
-            "reason": f"attune's Stop hook could not check the campaign ({type(exc).__name__}: {exc}); "
-                      "the session continues until the campaign state can be read"}
+    reason = (f"attune's Stop hook could not check the campaign ({type(exc).__name__}: {exc}); "
+              "the session continues until the campaign state can be read")
+    try:  # these blocks count toward Claude Code's cap too: at the last one the run fails, saying why
+        from attune.core import session_end
+
+        payload = run.payload or {}
+        if run.campaign is not None:
+            blocks = session_end.count_block(run.campaign, payload.get("session_id"),
+                                             bool(payload.get("stop_hook_active")))
+            cap = session_end.block_cap()
+            if cap > 0 and blocks > cap:
+                why = f"the session ended unfinished: {reason}"
+                session_end.record(run.campaign, why, payload.get("session_id"), blocks)
+                run.after = lambda: _fail_headless_session(f"attune: {why}")
+                return {"systemMessage": f"attune: FAILED: {why}"}
+    except Exception:
+        pass
+    return {"decision": "block", "reason": reason}
 
 
 def main():

@@ -30,7 +30,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -110,6 +110,10 @@ class ConvergenceReport(BaseModel):
     passed: bool = Field(description="Layer 2's verdict: the noise-aware check and the reference rule combined.")
     summary: str
     reasons: list[str] = Field(description="Why layer 2 rejects, each naming the check ('reference: ...', 'noise-aware: ...').")
+    assumed: str = Field(description="What the verdict assumes, in one line: precision, noise source, change class, window.")
+    precision: str = Field(description="'fp32', 'bf16' or 'fp16': the precision the floor was set for.")
+    precision_source: str = Field(description="'given', 'log' (the baseline's arguments) or 'default' (assumed).")
+    noise_source: str = Field(description="'replicates', 'calibration', 'deterministic', 'floor', ...")
     reference_passed: bool = Field(description="The reference rule (Megatron-Bridge's) alone, on the curves as given.")
     reference_summary: str
     noise_aware_passed: bool = Field(description="The noise-aware check alone.")
@@ -300,16 +304,17 @@ def _curve(path: str | None, losses: dict[str, float | str | None] | None, label
         raise ToolError(str(exc)) from exc
 
 
-def _log_precision(path: str | None) -> str:
-    """The compute precision a baseline log's arguments block states; fp32 when there is none."""
+def _log_precision(path: str | None) -> tuple[str, str]:
+    """(precision, 'log') from a baseline log's arguments block; (the default, 'default') when it cannot be
+    read (inline or JSON curves, a log without the block): the same resolution as `attune gate converge`."""
     if path is None:
-        return "fp32"
+        return noise.precision_from(None)
     from attune.readers.metrics import read_resolved_args
 
     try:
-        return noise.precision_of(read_resolved_args(_path(path), inputs.DEFAULT_FRAMEWORK))
+        return noise.precision_from(read_resolved_args(_path(path), inputs.DEFAULT_FRAMEWORK))
     except (OSError, ValueError):
-        return "fp32"
+        return noise.precision_from(None)
 
 
 def _finite_or_none(x: float | None) -> float | None:
@@ -328,7 +333,11 @@ def check_convergence(
         "Logs or JSON curves of other runs of the baseline's recipe (replicate check runs, calibration runs), "
         "in the campaign dir: they set the noise envelope."))] = None,
     precision: Annotated[str | None, Field(description=(
-        "'fp32', 'bf16' or 'fp16': sets the noise floor (default: from the baseline log's arguments, else fp32)."))] = None,
+        "'fp32', 'bf16' or 'fp16': sets the noise floor (default: from the baseline log's arguments; when they "
+        "cannot be read, bf16 is assumed and the result says so)."))] = None,
+    change: Annotated[Literal["unknown", "layout"], Field(description=(
+        "What layer 1 says changed: 'layout' (check_change found only structural / same-math changes: judged for "
+        "drift and divergence) or 'unknown' (default: every step held to the noise envelope)."))] = "unknown",
 ) -> ConvergenceReport:
     """Layer 2: compare a run's loss curve with the baseline's (same data and seed).
 
@@ -342,9 +351,8 @@ def check_convergence(
     reps = [(Path(p).name, "replicate", _curve(p, None, "replicates")) for p in (replicates or [])]
     if precision is not None and precision not in noise.FLOOR_BY_PRECISION:
         raise ToolError(f"precision: expected one of {sorted(noise.FLOOR_BY_PRECISION)}, got {precision!r}")
-    if precision is None:
-        precision = _log_precision(baseline)
-    g = judge.judge(base, cand, replicates=reps, noise_config=noise.config_for(precision))
+    precision, source = (precision, "given") if precision is not None else _log_precision(baseline)
+    g = judge.judge(base, cand, replicates=reps, noise_config=noise.config_for(precision, source, change=change))
     r, na = g.reference, g.noise_aware
     dev = convergence.loss_deviation(base, cand)
     c = r.checks
@@ -352,7 +360,9 @@ def check_convergence(
     page = failures[failures_offset:failures_offset + failures_limit]
     nxt = failures_offset + failures_limit
     return ConvergenceReport(
-        passed=g.passed, summary=g.summary, reasons=g.reasons, reference_passed=r.passed, reference_summary=r.summary(),
+        passed=g.passed, summary=g.summary, reasons=g.reasons, assumed=na.assumed(), precision=precision,
+        precision_source=source, noise_source=g.assumptions.noise_source if g.assumptions else "floor",
+        reference_passed=r.passed, reference_summary=r.summary(),
         noise_aware_passed=na.passed, noise_aware_summary=na.summary(), noise_aware_failed_checks=na.failed_checks,
         noise_level_z=na.level.mean_z if na.level else None, noise_trend_z=na.trend.drift_z if na.trend else None,
         noise_outside_steps=na.pointwise.outside if na.pointwise else None, envelope_basis=na.envelope.basis,

@@ -143,8 +143,10 @@ def test_converge_returns_both_verdicts(capsys, tmp_path):
     doc = json.loads(out)
     assert code == 1 and doc["passed"] is False and doc["reference_passed"] is True
     na = doc["noise_aware"]
-    assert na["passed"] is False and "level" in na["failed_checks"] and na["level"]["mean_z"] == pytest.approx(20.0)
-    assert "floor alone" in na["envelope"]["basis"] and doc["precision"] == "fp32"
+    # JSON curves: bf16 assumed (floor 0.25% for a change of unknown class), and the verdict says so
+    assert na["passed"] is False and "level" in na["failed_checks"] and na["level"]["mean_z"] == pytest.approx(2.0 / 0.25)
+    assert "floor alone" in na["envelope"]["basis"] and doc["precision"] == "bf16"
+    assert doc["precision_source"] == "default" and doc["assumptions"]["noise_source"] == "floor"
     assert any(r.startswith("noise-aware: level") for r in doc["reasons"])
     # a replicate that differs by as much widens the envelope: then it passes
     rep = tmp_path / "rep.json"
@@ -154,7 +156,7 @@ def test_converge_returns_both_verdicts(capsys, tmp_path):
     assert code == 0 and doc["passed"] and doc["noise_aware"]["envelope"]["pairs"][0]["b"] == "rep.json"
     code, out, _ = run(capsys, "gate", "converge", str(b), str(off))
     assert code == 1 and "reference rule: convergence passes" in out and "noise-aware check rejects" in out
-    assert "  level         +2.0000% = +20.00 noise units (limit 4)  FAIL" in out
+    assert "  level         +2.0000% = +8.00 noise units (limit 4)  FAIL" in out
     code, _, err = run(capsys, "gate", "converge", str(b), str(off), "--k-sigma", "0")
     assert code == 2 and "--k-sigma" in err
 

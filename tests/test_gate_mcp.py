@@ -104,10 +104,22 @@ def test_convergence_and_resolved_run_with_campaign_files(tmp_path):
         escape = await client.call_tool("check_convergence", {"baseline": str(outside), "candidate": "runs/base.log"})
         res = await client.call_tool("check_resolved_run", {"baseline_log": "runs/base.log",
                                                             "candidate_log": "runs/cand.log"})
-        return good, badc, page2, inline, escape, res
+        from_log = await client.call_tool("check_convergence", {"baseline": "runs/base.log",
+                                                                "candidate": "runs/base.log"})
+        given = await client.call_tool("check_convergence", {"baseline": "runs/baseline.json", "candidate": "runs/base.log",
+                                                             "precision": "fp32", "change": "layout"})
+        return good, badc, page2, inline, escape, res, from_log, given
 
-    good, badc, page2, inline, escape, res = _with_client(_params(tmp_path, ATTUNE_GATE_MODEL="glm-4.5"), body)
+    good, badc, page2, inline, escape, res, from_log, given = _with_client(
+        _params(tmp_path, ATTUNE_GATE_MODEL="glm-4.5"), body)
     g = good.structured_content
+    # JSON curves say nothing of precision: bf16 is assumed, and the result says so (not a silent fp32)
+    assert g["precision"] == "bf16" and g["precision_source"] == "default" and g["noise_source"] == "floor"
+    assert "precision bf16 (assumed" in g["assumed"] and "change unknown" in g["assumed"]
+    fl = from_log.structured_content  # the log's arguments block has no --bf16: fp32, read from the log
+    assert fl["precision"] == "fp32" and fl["precision_source"] == "log" and "read from the log" in fl["assumed"]
+    gv = given.structured_content
+    assert gv["precision"] == "fp32" and gv["precision_source"] == "given" and "change layout" in gv["assumed"]
     assert g["passed"] is True and g["correlation"] == pytest.approx(1.0) and g["failures_total"] == 0
     assert g["reference_passed"] is True and g["noise_aware_passed"] is True and abs(g["noise_level_z"]) < 1e-6
     assert "floor alone" in g["envelope_basis"]

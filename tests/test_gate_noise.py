@@ -141,6 +141,7 @@ def test_precision_sets_the_floor():
     assert precision_of({"bf16": "True"}) == "bf16" and precision_of({"--bf16": True}) == "bf16"
     assert precision_of({"fp16": True}) == "fp16" and precision_of({"bf16": "False"}) == "fp32"
     assert config_for("bf16").floor_rel == 2.5e-3 and config_for("fp32").floor_rel == 1e-3
+    assert config_for("bf16", change="layout").floor_rel == 3e-3
 
 
 def test_upper_bound_factor():

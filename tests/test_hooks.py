@@ -170,3 +170,46 @@ def test_session_start_restores_the_campaign_state(camp: Path) -> None:
         assert "Runs in flight: r2 (search, admitted, lever overlap)" in text
         assert "Last diagnosis: exposed data-parallel communication dominates" in text
         assert "Open items before this session may end:" in text and "shipping step" in text
+
+
+def test_stop_at_the_block_cap_records_why_the_session_ended(camp: Path) -> None:
+    """Claude Code overrides the block after its cap: that one is recorded as the session's end, a failure;
+    a stop that does not follow a block starts the count again."""
+    env = {"CLAUDE_CODE_STOP_HOOK_BLOCK_CAP": "2"}
+    decisions = []
+    for active in (False, True, True):
+        out, _ = run_hook("stop", {"stop_hook_active": active}, camp, **env)
+        assert out is not None
+        decisions.append(out.get("decision", "end"))
+    assert decisions == ["block", "block", "end"]
+    assert "FAILED" in out["systemMessage"] and "ended its turn 3 times" in out["systemMessage"]
+    rec = json.loads((camp / "session_end.json").read_text())
+    assert rec["blocks"] == 3 and rec["session_id"] == "s1" and "no_stop" in rec["reason"]
+    assert _log(camp)[-1]["outcome"] == "failed"
+    out, _ = run_hook("stop", {"stop_hook_active": False}, camp, **env)  # a new turn: the count restarts
+    assert out is not None and out["decision"] == "block"
+    assert json.loads((camp / ".stop_blocks.json").read_text())["count"] == 1
+
+
+def test_status_shows_why_the_last_session_ended(camp: Path) -> None:
+    from attune.core import session_end
+
+    session_end.record(str(camp), "the session ended unfinished: [no_stop] no stop recorded", "s1", 9)
+    p = subprocess.run([sys.executable, "-m", "attune", "status", str(camp)], capture_output=True, text=True,
+                       cwd=ROOT, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "the last agent session ended unfinished: the session ended unfinished: [no_stop]" in " ".join(
+        p.stdout.split())
+
+
+def test_fail_closed_blocks_count_toward_the_cap_too(camp: Path) -> None:
+    Ledger(camp).append("diagnosis_recorded", {"text": "x"})
+    lines = (camp / "ledger.jsonl").read_text().splitlines()
+    lines[1] = lines[1].replace('"x"', '"y"')
+    (camp / "ledger.jsonl").write_text("\n".join(lines) + "\n")
+    env = {"CLAUDE_CODE_STOP_HOOK_BLOCK_CAP": "1"}
+    out, _ = run_hook("stop", {"stop_hook_active": False}, camp, **env)
+    assert out is not None and out["decision"] == "block"
+    out, _ = run_hook("stop", {"stop_hook_active": True}, camp, **env)
+    assert out is not None and "decision" not in out and "could not check the campaign" in out["systemMessage"]
+    assert json.loads((camp / "session_end.json").read_text())["blocks"] == 2

@@ -66,6 +66,12 @@ def _copy(template: Path, where: Path) -> Path:
     return where
 
 
+def _rewrite_first(d: Path) -> None:
+    rows = _rows(d)
+    rows[0]["hash"] = "f" * 64
+    _write(d, rows)
+
+
 def _rows(d: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in (d / LEDGER_NAME).read_bytes().splitlines()]
 
@@ -172,8 +178,11 @@ TAMPERINGS: dict[str, tuple[Tamper, str]] = {
     "the anchor's count raised without the key": (
         lambda d, t: ledger.anchor_path(d).write_text(json.dumps(
             {**json.loads(ledger.anchor_path(d).read_text()), "rows": ROWS + 1})), "anchor_missing"),
-    "the directory copied elsewhere": (lambda d, t: (ledger.key_path(d).unlink(), ledger.anchor_path(d).unlink()),
-                                       "key_missing"),
+    # A directory copied elsewhere is no tampering: its rows are checked with the original's key, found by its
+    # first row (tests/test_messages.py). A copy whose first row is not its original's has no key: refused.
+    "the directory copied elsewhere, its first row rewritten": (
+        lambda d, t: (ledger.key_path(d).unlink(), ledger.anchor_path(d).unlink(), _rewrite_first(d)),
+        "key_missing"),
 }
 
 

@@ -130,3 +130,29 @@ def test_render_is_a_script_a_person_can_run(tmp_path: Path) -> None:
     assert (spec.run_dir / "log.txt").read_text() == f"by-hand {tmp_path / 'by-hand'}\n"  # run in its run directory
     rc, ended = (spec.run_dir / "exit_status").read_text().split()
     assert rc == "0" and float(ended) >= t0 - 1
+
+
+def test_a_submit_error_after_the_job_started_is_reconciled_by_its_pid(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error after the process started (its record half-written, say) leaves a tracked job, found by the pid
+    file; one before it started takes the job back, and the submission failed (issue 26)."""
+    b = LocalBackend(slots=1)
+    real = LocalBackend._start
+
+    def start_then_fail(self: LocalBackend, j: object) -> None:
+        real(self, j)  # type: ignore[arg-type]
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(LocalBackend, "_start", start_then_fail)
+    bid = b.submit(job(tmp_path, "started", "print('ran')"))
+    monkeypatch.setattr(LocalBackend, "_start", real)
+    wait_for(lambda: finished(b, bid))
+    assert b.status(bid).state == JobState.COMPLETED and (tmp_path / "started" / "log.txt").read_text() == "ran\n"
+
+    def fail_first(self: LocalBackend, j: object) -> None:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(LocalBackend, "_start", fail_first)
+    with pytest.raises(BackendError, match="could not be started: .*Too many open files"):
+        b.submit(job(tmp_path, "never", "print('no')"))
+    assert str((tmp_path / "never").resolve()) not in b._jobs and not b._queue

@@ -17,7 +17,7 @@ DATA = Path(__file__).parent / "data" / "real_logs"
 def test_sources_name_every_log():
     sources = (DATA / "SOURCES.md").read_text()
     logs = sorted(p.name for p in DATA.glob("*.log"))
-    assert len(logs) == 6
+    assert len(logs) == 7
     for name in logs:
         assert f"`{name}`" in sources, name
 
@@ -118,3 +118,17 @@ def test_megatron_bridge_documented_line():
     assert rec.loss == pytest.approx(7.968678) and rec.step_time_ms == pytest.approx(3738.6)
     assert rec.extra_losses == {"load_balancing_loss": pytest.approx(1.329517), "mtp_1 loss": pytest.approx(7.925096)}
     assert parsed.train_iters == 300000 and rec.problems is None
+
+
+def test_megatron_bridge_parameter_count_glued_after_the_last_bar_is_not_a_cut_field(tmp_path):
+    parsed = get_parser("megatron-bridge").read(DATA / "megatron_bridge_param_count_glued.log")
+    rec = parsed.steps[1]
+    assert rec.loss == pytest.approx(12.58695) and rec.problems is None
+    assert parsed.train_iters == 1
+    assert parsed.memory[0].max_reserved_mib == pytest.approx(216.89 * 1e9 / 2**20)
+    # a field really cut after its "|" (a blank, then a key and a value without a bar) is still damage
+    line = (DATA / "megatron_bridge_param_count_glued.log").read_text().splitlines()[0]
+    log = tmp_path / "cut.log"
+    log.write_text(line.split("|Number", 1)[0] + " lm loss: 1.2\n")
+    cut = get_parser("megatron-bridge").read(log).steps[1]
+    assert cut.problems and "no terminating" in cut.problems[0]

@@ -154,11 +154,19 @@ def test_an_unreachable_cluster_is_a_clear_error(tmp_path: Path) -> None:
 # ---- against a real Ray cluster ---------------------------------------------------------------------
 
 
-def _wait(backend: RayBackend, sid: str, until: Callable[[JobStatus], bool], timeout_s: float = 180.0,
+def _wait(backend: RayBackend, sid: str, until: Callable[[JobStatus], bool], timeout_s: float = 300.0,
           seen: list[JobStatus] | None = None) -> JobStatus:
-    deadline = time.monotonic() + timeout_s
+    """Poll until `until` holds. A loaded machine makes the Jobs API slow: a request that times out is asked
+    again (the backend's BackendUnavailable), and the deadline is generous; it fails saying what it saw."""
+    deadline = time.monotonic() + timeout_s * float(os.environ.get("ATTUNE_TEST_TIMEOUT_SCALE", "1"))
     while True:
-        st = backend.status(sid)
+        try:
+            st = backend.status(sid)
+        except BackendUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+            continue
         if seen is not None:
             seen.append(st)
         if until(st):
@@ -265,10 +273,13 @@ def test_killed_from_outside_is_infrastructure(tmp_path: Path) -> None:
     JobSubmissionClient(RAY_ADDRESS).stop_job(sid_s)
     st = _wait(b, sid_s, lambda st: st.state.finished)
     assert st.state is JobState.INFRASTRUCTURE and "outside the broker" in (st.reason or ""), st
-    # the retry avoids the failed node: on this one-node cluster, no node is left, and submit says so
+    # the retry avoids the failed node; on this one-node cluster no other node could hold it, and the node is
+    # alive (Ray gives a restarted node a new id: the failure was not the node's), so it runs there again
     retry = tmp_path / "k2"
-    with pytest.raises(BackendError, match=r"too few resources.*1 excluded after an infrastructure failure"):
-        b.submit(_spec(retry, campaign=camp, job_id="k2", argv=tinygpt_argv(retry, 6), exclude_nodes=tuple(st.nodes)))
+    sid_r = b.submit(_spec(retry, campaign=camp, job_id="k2", argv=tinygpt_argv(retry, 6),
+                           exclude_nodes=tuple(st.nodes)))
+    again = _wait(b, sid_r, lambda st: st.state.finished)
+    assert again.state is JobState.COMPLETED and again.nodes == st.nodes, again
     with pytest.raises(BackendError, match=r"too few resources: job big needs one node with CPU 64"):
         RayBackend(address=RAY_ADDRESS, gpu_request="none", cpus_per_job=64).submit(
             _spec(tmp_path / "big", campaign=camp, job_id="big"))

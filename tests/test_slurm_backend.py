@@ -439,3 +439,20 @@ def test_node_failure_is_infrastructure(backend: SlurmBackend, tmp_path: Path, s
             )
             assert time.monotonic() < deadline, f"node {slurm_node} not back after the test: {state}"
             time.sleep(0.5)
+
+
+def test_an_sbatch_that_fails_after_queueing_the_job_is_reconciled(slurm_node: str, tmp_path: Path) -> None:
+    """sbatch errs (or times out) after Slurm queued the job: the backend finds it by its job name and working
+    directory and tracks it, instead of declaring the submission failed and leaving it untracked (issue 26)."""
+    flaky = ["bash", "-c", 'sbatch "$@" >/dev/null; echo "sbatch: error: Socket timed out" >&2; exit 1', "sbatch"]
+    b = SlurmBackend(gpu_request="none", time_limit_s=300, sbatch=flaky)
+    spec = _train_spec(tmp_path, "flaky", iters=2, step_s=0.1)
+    bid = b.submit(spec)
+    try:
+        st = _wait(b, bid, lambda s: s.state.finished, timeout=120)
+        assert st.state is JobState.COMPLETED and st.started_at is not None, st
+    finally:
+        b.cancel(bid)
+    refused = SlurmBackend(gpu_request="none", sbatch=["bash", "-c", "exit 1", "sbatch"])
+    with pytest.raises(BackendError, match="exited with 1"):
+        refused.submit(_train_spec(tmp_path, "never", iters=1, step_s=0.1))

@@ -149,6 +149,13 @@ class ReplayPlane:
             r.recipe_key: r for r in state.runs.values()
             if r.kind == RunKind.SEARCH and r.status == "finished" and r.recipe_key and not r.profile
             and r.outcome != RunOutcome.INFRASTRUCTURE}
+        # Infrastructure failures replay too, in order, before the recipe's measured run (if any): the tuner
+        # sees what it saw the first time (a fault, then its retry), and a fault is never launched again.
+        self.faults: dict[str, list[RunState]] = {}
+        for r in sorted(state.runs.values(), key=lambda r: r.admitted_seq or 0):
+            if (r.kind == RunKind.SEARCH and r.status == "finished" and r.recipe_key and not r.profile
+                    and r.outcome == RunOutcome.INFRASTRUCTURE):
+                self.faults.setdefault(r.recipe_key, []).append(r)
         self.replayed = 0
 
     def _key(self, cand: Candidate) -> str | None:
@@ -160,6 +167,11 @@ class ReplayPlane:
 
     def evaluate(self, candidate: Candidate, prune_below: float | None) -> Outcome:
         key = self._key(candidate)
+        fault = self.faults[key].pop(0) if key and self.faults.get(key) else None
+        if fault is not None:
+            self.replayed += 1
+            return Outcome(run_id=fault.run_id, outcome=RunOutcome.INFRASTRUCTURE, reason=fault.reason,
+                           extra={"replayed": True, "verdict": fault.verdict})
         run = self.done.get(key) if key else None
         if run is not None:
             self.replayed += 1
@@ -208,6 +220,32 @@ class TuneResult:
 
 def _say_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
+
+
+def _check_calibration(st: CampaignState, spec: CampaignSpec) -> None:
+    """Raise RunnerError when calibration cannot succeed: the cluster never took a job of this campaign and
+    refused the baseline's submission, or the baseline keeps failing or measuring invalid."""
+    required = spec.calibration.runs
+    done = [r for r in st.runs.values() if r.kind == RunKind.CALIBRATION and r.status == "finished"]
+    failed = [r for r in done if r.outcome != RunOutcome.OK]
+    invalid = [r for r in done if r.outcome == RunOutcome.OK and not r.valid]
+    unsubmitted = [r for r in failed if (r.reason or "").startswith("submission failed")]
+    if unsubmitted and not any(r.started_at is not None for r in st.runs.values()):
+        # The cluster never ran a job of this campaign and refused this one (unreachable, or no node
+        # can hold it): more attempts fail the same way. The backend's words name the cluster.
+        last = unsubmitted[-1]
+        raise RunnerError(
+            f"the {spec.cluster.backend} cluster did not take the baseline's calibration run {last.run_id}: "
+            f"{last.reason}. Nothing can be measured until it does: check the cluster (cluster: in "
+            "campaign.yaml) and the job's size, then run the same command again")
+    if len(failed) > required or len(invalid) > 3 * required:
+        last = (failed or invalid)[-1]
+        raise RunnerError(
+            f"the baseline failed {len(failed)} and measured invalid {len(invalid)} calibration runs (last: "
+            f"{last.run_id} {last.outcome}: {last.reason}; {'; '.join(last.invalid_reasons)}); "
+            + ("the cluster keeps failing the runs: check it (attune status shows each run's reason)"
+               if all(r.outcome == RunOutcome.INFRASTRUCTURE for r in failed) and failed
+               else "fix the recipe or the machine's load"))
 
 
 class CampaignRunner:
@@ -273,12 +311,12 @@ class CampaignRunner:
         return self.state()
 
     def _client(self) -> Any:
-        from broker.client import BrokerClient, endpoint_for
+        from broker.client import ReconnectingClient
 
         if self._inproc is not None:
             return self._inproc.client()
-        ep = endpoint_for(self.dir)
-        return BrokerClient(ep.url, ep.token)
+        # Over HTTP the calibration, the search and the stop all outlive the broker: a dead one is restarted.
+        return ReconnectingClient(self.dir, say=self.say)
 
     def _ensure_broker(self) -> None:
         """The broker must be up while anything is to be watched or shipped (it restarts a dead one)."""
@@ -333,6 +371,15 @@ class CampaignRunner:
     # --- the steps --------------------------------------------------------------------------
     def run(self) -> TuneResult:
         t0 = time.monotonic()
+        if self.tuner_name == AGENT:
+            from attune.app import sandbox
+
+            why = sandbox.unavailable()
+            if why:  # before anything is written: the same command would fail the same way
+                raise RunnerError(
+                    f"the claude tuner (the default) runs Claude Code inside its OS sandbox, which is unavailable "
+                    f"here: {why}. Install what is missing and run the command again, or run a built-in tuner "
+                    f"instead: attune tune {self.dir / 'campaign.yaml'} --tuner heuristic")
         # A black-box tuner samples the space: the skill's search rules bind the agent and the heuristic only.
         spec, _ = start(self.dir, search_rules="off" if self.tuner_name in EARLY_ABORT_TUNERS else "enforced")
         if self.tuner_name != "claude":
@@ -400,15 +447,7 @@ class CampaignRunner:
             st = self._current()
             if st.calibration is not None or st.failed is not None:
                 return
-            done = [r for r in st.runs.values() if r.kind == RunKind.CALIBRATION and r.status == "finished"]
-            failed = [r for r in done if r.outcome != RunOutcome.OK]
-            invalid = [r for r in done if r.outcome == RunOutcome.OK and not r.valid]
-            if len(failed) > required or len(invalid) > 3 * required:
-                last = (failed or invalid)[-1]
-                raise RunnerError(
-                    f"the baseline failed {len(failed)} and measured invalid {len(invalid)} calibration runs (last: "
-                    f"{last.run_id} {last.outcome}: {last.reason}; {'; '.join(last.invalid_reasons)}); fix the recipe "
-                    "or the machine's load")
+            _check_calibration(st, spec)
             open_ = [r for r in st.in_flight if r.kind == RunKind.CALIBRATION]
             want = required - len(st.calibration_values) - len(open_)
             room = spec.budget.concurrency - len(st.in_flight)

@@ -25,7 +25,7 @@ from attune.core.campaign_paths import CAMPAIGN_FILE, REPORT_HTML, REPORT_MD
 from attune.core.hardware import peak_flops
 from attune.core.measure import cost_per_million_tokens, gain, mfu, payback_days
 from attune.core.state import CampaignState, fold
-from attune.core.vocab import RECIPE_FAILURES, RunKind
+from attune.core.vocab import FAILED_OUTCOMES, RECIPE_FAILURES, RunKind
 
 
 @dataclass
@@ -53,6 +53,8 @@ class Headline:
     final_gpu_hours: float = 0.0  # the final re-measurement, outside the budget
     outcome: str = "running"  # shipped | failed | running
     failure: str | None = None  # why the campaign ended failed (no valid evidence)
+    infra_failed: int = 0  # runs of any kind that failed on infrastructure (counted in failed_launches too)
+    unfinished: str | None = None  # why a campaign that is not running ended its last attempt unfinished
 
 
 @dataclass
@@ -182,6 +184,24 @@ def _run_row(state: CampaignState, r: Any, base_mean: float | None) -> dict[str,
     }
 
 
+def _unfinished(d: Path, state: CampaignState) -> str | None:
+    """Why a campaign that nothing is advancing stopped short: its last stop refused, or its agent session
+    ended unfinished. None: it may still be running."""
+    from attune.core import session_end
+
+    if state.in_flight:
+        return None
+    if state.stop is None and state.stop_refusal is not None:
+        refusals = state.stop_refusal.get("refusals") or []
+        codes = ", ".join(str(r.get("code")) for r in refusals) or "?"
+        return (f"stopped short: the last stop was refused by the search rules ({codes}) and nothing is in "
+                "flight; `attune status` lists what is missing")
+    ended = session_end.read(str(d))
+    if ended is not None:
+        return f"stopped short: {ended.get('reason')}"
+    return None
+
+
 def build(campaign_dir: Path | str) -> Report:
     d = Path(campaign_dir)
     rows = ledger_mod.read(d).rows
@@ -196,7 +216,8 @@ def build(campaign_dir: Path | str) -> Report:
     g = gain(shipped_tps, baseline_tps) if shipped_tps and baseline_tps else None
 
     searches = [r for r in state.runs.values() if r.kind == RunKind.SEARCH]
-    failed = [r for r in searches if r.outcome in RECIPE_FAILURES]
+    # Every run the table shows as failed, whatever its kind: on the recipe or on infrastructure.
+    failed = [r for r in state.runs.values() if r.outcome in FAILED_OUTCOMES]
     used = state.budget.charged
     h = Headline(
         name=state.name,
@@ -217,6 +238,8 @@ def build(campaign_dir: Path | str) -> Report:
         remeasured=remeasured,
         stop_reason=(state.stop or {}).get("diagnosis"),
         final_gpu_hours=state.budget.final_charged,
+        infra_failed=sum(1 for r in failed if r.outcome not in RECIPE_FAILURES),
+        unfinished=None if (state.failed or state.shipped) else _unfinished(d, state),
     )
     _add_costs(h, facts, used, state.gpus)
     runs = [_run_row(state, r, base_mean) for r in state.runs.values()]
@@ -251,9 +274,28 @@ def _diagnosis(run: dict[str, Any]) -> str:
     return text.replace("|", "/")
 
 
+def _hypotheses(runs: list[dict[str, Any]]) -> list[str]:
+    """Each run's hypothesis for the table: a lever's description (the part before the first "; ") is shown on
+    the lever's first row only; later rows show what they tried ("..." stands for the description)."""
+    seen: dict[str, str] = {}
+    out = []
+    for run in runs:
+        text = str(run.get("hypothesis") or "")
+        base, sep, rest = text.partition("; ")
+        lever = str(run.get("lever") or "")
+        if sep and lever and seen.get(lever) == base:
+            out.append(f"...; {rest}")
+            continue
+        if sep and lever:
+            seen[lever] = base
+        out.append(text)
+    return out
+
+
 def headline_lines(r: Report) -> list[tuple[str, str]]:
     h = r.headline
-    outcome = {"failed": f"FAILED: {h.failure}", "shipped": "shipped"}.get(h.outcome, "not finished yet")
+    outcome = {"failed": f"FAILED: {h.failure}", "shipped": "shipped"}.get(
+        h.outcome, f"not finished: {h.unfinished}" if h.unfinished else "not finished yet")
     return [
         ("outcome", outcome),
         ("baseline", f"{_f(h.baseline_tps)} tokens/s/GPU"),
@@ -262,8 +304,8 @@ def headline_lines(r: Report) -> list[tuple[str, str]]:
         ("band", "n/a" if h.band is None else f"{h.band:.2%} (calibration sigma {h.rel_sigma:.2%})"),
         ("GPU-hours used", f"{h.gpu_hours_used:.4g}"
          + (f" (+{h.final_gpu_hours:.3g} for the final re-measurement)" if h.final_gpu_hours else "")),
-        ("launches", f"{h.launches} ({h.failed_launches} failed, {h.failed_gpu_hours:.3g} GPU-h; "
-                     f"{h.launches_refused} refused before launch)"),
+        ("launches", f"{h.launches} search ({h.failed_launches} run(s) failed, {h.infra_failed} of them on "
+                     f"infrastructure, {h.failed_gpu_hours:.3g} GPU-h; {h.launches_refused} refused before launch)"),
         ("cost per million tokens", f"{_f(h.baseline_cost_per_mtok, '.4g')} -> {_f(h.shipped_cost_per_mtok, '.4g')}"),
         ("MFU", "n/a (FLOPs per token or accelerator peak unknown)" if h.shipped_mfu is None
          else f"{h.baseline_mfu:.1%} -> {h.shipped_mfu:.1%}"),
@@ -279,10 +321,10 @@ def to_markdown(r: Report) -> str:
     out += ["", "## Runs", "",
             "| run | kind | lever | change | hypothesis | outcome | tok/s/GPU | gain | GPU-h | verdict | diagnosis |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for run in r.runs:
+    for run, hyp in zip(r.runs, _hypotheses(r.runs), strict=True):
         out.append(
             f"| {run['run_id']} | {run['kind']} | {run['lever'] or ''} | {_changes(run['changes'])} | "
-            f"{(run['hypothesis'] or '').replace('|', '/')} | {run['outcome'] or ''} | {_f(run['tokens_per_s_per_gpu'])} | "
+            f"{hyp.replace('|', '/')} | {run['outcome'] or ''} | {_f(run['tokens_per_s_per_gpu'])} | "
             f"{_pct(run['gain'])} | {run['charge_gpu_hours']:.3g} | {run['verdict'] or ''} | {_diagnosis(run)} |"
         )
     out += ["", "## Shipped recipe", ""]
@@ -368,9 +410,10 @@ def to_html(r: Report) -> str:
     env = jinja2.Environment(loader=jinja2.PackageLoader("attune.app", "templates"),
                              autoescape=True, undefined=jinja2.StrictUndefined)
     runs = [[str(c) for c in (
-        run["run_id"], run["kind"], run["lever"] or "", _changes(run["changes"]), run["hypothesis"] or "",
+        run["run_id"], run["kind"], run["lever"] or "", _changes(run["changes"]), hyp,
         run["outcome"] or "", _f(run["tokens_per_s_per_gpu"]), _pct(run["gain"]),
-        f"{run['charge_gpu_hours']:.3g}", run["verdict"] or "", _diagnosis(run))] for run in r.runs]
+        f"{run['charge_gpu_hours']:.3g}", run["verdict"] or "", _diagnosis(run))]
+        for run, hyp in zip(r.runs, _hypotheses(r.runs), strict=True)]
     shipped = ({"run_id": str(r.shipped.get("run_id")), "changes": _changes(r.shipped.get("changes")) or "none"}
                if r.shipped else None)
     checks = [{"run_id": str(c.get("candidate_run_id")), "passed": bool(c.get("passed")),

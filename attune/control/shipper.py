@@ -119,7 +119,7 @@ def evaluate_check(control: Control, state: CampaignState, run: RunState, ref: R
     from gate.convergence import loss_deviation
     from gate.judge import judge
     from gate.lists import ListError
-    from gate.noise import config_for, precision_of
+    from gate.noise import config_for, precision_from
 
     data: dict[str, Any] = {"run_id": run.run_id, "candidate_run_id": run.base_run_id,
                             "baseline_check_run_id": ref.run_id if ref else None}
@@ -137,8 +137,10 @@ def evaluate_check(control: Control, state: CampaignState, run: RunState, ref: R
     if not c_res or not b_res:
         l1: dict[str, Any] = {"passed": False, "summary": "no resolved arguments block in the check run's log",
                               "refusals": []}
+        change = "unknown"
     else:
         r1 = check_resolved(loaded, b_res, c_res, _job_env(control, ref.run_id), _job_env(control, run.run_id))
+        change = r1.change_class()
         l1 = {"passed": r1.passed, "summary": r1.summary(), "refusals": [x.model_dump() for x in r1.refusals],
               "list_sha256": r1.list_sha256}
     b_curve, c_curve = _losses(state, ref_log), _losses(state, cand_log)
@@ -146,8 +148,10 @@ def evaluate_check(control: Control, state: CampaignState, run: RunState, ref: R
                   for r in shipping.replicate_runs(state)]
     noise_runs += [(rid, "calibration", _losses(state, control.run_dir(rid) / RUN_LOG))
                    for rid in state.calibration_run_ids]
+    # the calibration runs are replicates of the baseline: their spread, with the replicate check runs', is
+    # the noise envelope; layer 1's class of the change decides how the curve is judged
     g = judge(b_curve, c_curve, replicates=[x for x in noise_runs if x[2]],
-              noise_config=config_for(precision_of(b_res or {})))
+              noise_config=config_for(*precision_from(b_res), change=change))
     conv = _convergence_record(g, loss_deviation(b_curve, c_curve), [x[0] for x in noise_runs if x[2]])
     passed = bool(l1["passed"] and conv["passed"])
     reason = "passed both layers" if passed else "; ".join(
@@ -163,6 +167,7 @@ def _convergence_record(g: Any, deviation: Any, noise_runs: list[str]) -> dict[s
     return {"passed": g.passed, "summary": g.summary, "reasons": list(g.reasons),
             "failed_checks": list(r2.failed_checks), "data_problems": list(r2.data_problems),
             "n_steps": r2.n_steps, "deviation": deviation,
+            "assumptions": g.assumptions.model_dump() if g.assumptions else None,
             "correlation": r2.checks.correlation.value if r2.checks else None,
             "final_loss_rel_diff": r2.checks.final_loss.rel_diff if r2.checks else None,
             "reference": {"passed": r2.passed, "summary": r2.summary()},

@@ -13,6 +13,8 @@ Standard library only. A campaign directory holds:
     audit.jsonl              the broker's audit log of the campaign's requests
     hooks.log.jsonl          the hooks' decisions
     session.json             the Claude Code session id (the launcher's)
+    session_end.json         why the last session ended with the campaign unfinished (the Stop hook's)
+    .stop_blocks.json        the Stop hook's count of consecutive blocks
     .broker/                 the broker's endpoint.json, token, locks and log
 
 Backends keep their own private files in a run's directory under names they define.
@@ -52,6 +54,8 @@ BROKER_ENDPOINT = "endpoint.json"  # in BROKER_DIR
 BROKER_SERVE_LOCK = "serve.lock"  # in BROKER_DIR
 BROKER_START_LOCK = "start.lock"  # in BROKER_DIR
 BROKER_LOG = "broker.log"  # in BROKER_DIR
+STOP_BLOCKS_FILE = ".stop_blocks.json"  # the Stop hook's count of consecutive blocks in the session
+SESSION_END_FILE = "session_end.json"  # why the last agent session ended without finishing the campaign
 
 # The campaign files no tool may write (the PreToolUse hook's policy and the sandbox's settings).
 PROTECTED_IN_CAMPAIGN = (
@@ -59,6 +63,8 @@ PROTECTED_IN_CAMPAIGN = (
     BROKER_DIR,  # the broker's endpoint, token and state
     CONTROL_LOCK,
     SESSION_FILE,  # the launcher's record of the session it resumes
+    STOP_BLOCKS_FILE,  # the Stop hook's block count: the agent must not reset it
+    SESSION_END_FILE,
     ".claude",
     ".mcp.json",  # a project MCP server would run programs in the next session
     "CLAUDE.md",  # project instructions for the next session

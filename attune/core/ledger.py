@@ -61,6 +61,7 @@ import hmac
 import json
 import math
 import os
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -278,6 +279,56 @@ def _new_key(campaign_dir: Path) -> bytes:
     return key
 
 
+def origin_path(first_hash: str) -> Path:
+    """Where the id of the directory a ledger was started in is filed, by the ledger's first row."""
+    return keys_dir() / f"origin-{first_hash[:32]}"
+
+
+def _first_hash(campaign_dir: Path) -> str | None:
+    try:
+        with open(campaign_dir / LEDGER_NAME, "rb") as fh:
+            obj = json.loads(fh.readline(MAX_ROW_BYTES + 1))
+        return str(obj["hash"]) if int(obj["seq"]) == 0 else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _moved_or_copied(campaign_dir: Path) -> tuple[bytes, Anchor | None, str] | None:
+    """A campaign directory moved or copied by its owner: its key found through the ledger's first row (the
+    ledger it started). Moved (the same directory: device and inode as the anchor records, its old path
+    gone): the key and anchor are filed under the new path, and every check applies. Copied: the rows'
+    MACs are checked with the original's key; the anchor is the original's, so it is not checked here. Only
+    for a directory that never had a key of its own filed (no anchor under its path)."""
+    if os.path.lexists(anchor_path(campaign_dir)):
+        return None  # this directory had a key of its own: a deleted key is a tampering, never a copy
+    first = _first_hash(campaign_dir)
+    if first is None:
+        return None
+    try:
+        origin = origin_path(first).read_text().strip()
+        if not re.fullmatch(r"[0-9a-f]{32}", origin):
+            return None
+        key = _load_key(keys_dir() / origin)
+    except (OSError, LedgerError):
+        return None
+    try:
+        with open(keys_dir() / f"{origin}.anchor", "rb") as fh:
+            obj = json.loads(fh.read(4096))
+        rows, head = int(obj["rows"]), str(obj["head"])
+        if not hmac.compare_digest(str(obj["mac"]), _anchor_mac(key, rows, head)):
+            return None
+        ident = tuple(int(x) for x in obj.get("dir") or ())
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if ident == tuple(_dir_identity(campaign_dir)):
+        with contextlib.suppress(OSError):
+            _write_private(key_path(campaign_dir), key.hex().encode() + b"\n")
+            _write_anchor(campaign_dir, key, rows, head)
+            origin_path(first).write_text(campaign_id(campaign_dir) + "\n")
+        return key, Anchor(rows, head, ident), "moved: the ledger key followed the campaign directory"
+    return key, None, "a copy of a campaign: the rows' MACs are checked with its key, not the original's anchor"
+
+
 def _dir_identity(campaign_dir: Path) -> list[int]:
     st = os.stat(campaign_dir)
     return [st.st_dev, st.st_ino]
@@ -343,6 +394,9 @@ def _reader_auth(campaign_dir: Path, ledger_has_rows: bool, chain_only: bool = F
         try:
             key = _load_key(kp)
         except FileNotFoundError:
+            found = _moved_or_copied(Path(campaign_dir)) if ledger_has_rows else None
+            if found is not None:
+                return _Auth(found[0], found[1], found[2])
             if ledger_has_rows:
                 raise LedgerError(
                     f"key missing: no ledger key at {kp} for this campaign directory (its key was deleted, or the "
@@ -653,6 +707,9 @@ class Ledger:
             fh.flush()
             os.fsync(fh.fileno())
             _write_anchor(self.dir, key, seq + 1, h)
+            if seq == 0:  # where the ledger started, found again by its first row if the directory moves
+                with contextlib.suppress(OSError):
+                    _write_private(origin_path(h), campaign_id(self.dir).encode() + b"\n")
             return row
 
     def _check_fresh_start(self, type_: str) -> None:
@@ -680,6 +737,9 @@ class Ledger:
         try:
             return _load_key(kp)
         except FileNotFoundError:
+            found = _moved_or_copied(self.dir) if has_rows else None
+            if found is not None and found[1] is not None:
+                return found[0]  # moved: its key was filed under the new path
             if has_rows:
                 raise LedgerError(f"key missing: no ledger key at {kp}; refusing to append", "key_missing") from None
             return _new_key(self.dir)  # an empty file (made by hand or a crash before the first row)

@@ -31,6 +31,8 @@ MEMORY_SAVERS: dict[str, ArgValue] = {"--recompute-granularity": "full", "--reco
 PLACEMENT_FLAGS = DEGREE_FLAG_NAMES - {"--num-virtual-stages-per-pipeline-rank"}
 FULL_RECOMPUTE: dict[str, ArgValue] = {"--recompute-granularity": "full", "--recompute-method": "uniform",
                                        "--recompute-num-layers": 1}
+# Outcomes that say nothing about the recipe (attune.core.vocab's infrastructure and cancelled).
+NOT_THE_RECIPES = frozenset({RunOutcome.INFRASTRUCTURE, RunOutcome.CANCELLED})
 Coupler = Callable[[dict[str, ArgValue], str, ArgValue], "dict[str, ArgValue] | None"]
 # The framework's argument rules over a recipe's full flags (`attune.knowledge.coherence.cohere`):
 # (the candidate's flags, the flags it moved from) -> the coherent flags.
@@ -270,6 +272,9 @@ class HeuristicTuner(Tuner):
     def tell(self, candidate: Candidate, outcome: Outcome) -> None:
         tok: dict[str, Any] = candidate.token or {}
         lever = tok.get("lever", candidate.lever)
+        if outcome.outcome in NOT_THE_RECIPES:
+            self._infra_outcome(candidate, tok)
+            return
         if outcome.outcome != RunOutcome.REFUSED and lever not in self.measured:
             self.measured.append(lever)
         if outcome.outcome not in (RunOutcome.REFUSED, RunOutcome.INFRASTRUCTURE, RunOutcome.CANCELLED):
@@ -304,6 +309,17 @@ class HeuristicTuner(Tuner):
     def _rule_out(self, lever: str, why: str) -> None:
         self.ruled_out[lever] = why
         self.learned[(self._layout(), lever)] = why
+
+    def _infra_outcome(self, candidate: Candidate, tok: dict[str, Any]) -> None:
+        """An infrastructure fault or a cancellation says nothing about the recipe: it never counts against
+        the lever, and the lever is not measured by it. The candidate is asked again once (the control plane
+        admits one retry of an infrastructure failure); after that its value is left unmeasured."""
+        if tok.get("infra_retried"):
+            return
+        self.pending_retry.append(Candidate(
+            changes=dict(candidate.changes), lever=candidate.lever,
+            hypothesis=f"{candidate.hypothesis} (again: the last run failed on infrastructure, not on the recipe)",
+            expected_gain=candidate.expected_gain, token={**tok, "infra_retried": True}))
 
     def _retry_after_oom(self, candidate: Candidate, tok: dict[str, Any], lever: str) -> bool:
         """Rule 5 for a first out-of-memory: queue the candidate again with full recomputation (where the

@@ -97,6 +97,9 @@ class TPETuner(Tuner):
         trial.set_user_attr("key", self.key(candidate.changes))
         if outcome.outcome == RunOutcome.PRUNED:
             self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        elif outcome.outcome in (RunOutcome.INFRASTRUCTURE, RunOutcome.CANCELLED):
+            # Not the recipe's doing: a failed trial, which the sampler leaves out (never a score of zero).
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
         else:
             self.study.tell(trial, outcome.score)
 

@@ -228,9 +228,19 @@ class LocalBackend:
             script = spec.run_dir / SCRIPT_FILE
             script.write_text(self.render(spec))
             script.chmod(0o755)
-            self._jobs[backend_id] = _Job(spec=spec, backend_id=backend_id)
+            job = self._jobs[backend_id] = _Job(spec=spec, backend_id=backend_id)
             self._queue.append(backend_id)
-            self._schedule()
+            try:
+                self._schedule()
+            except Exception as exc:
+                # Reconcile by the pid: a job whose process started is tracked (and charged) whatever failed
+                # after; one that never started is taken back, and the submission failed.
+                if job.pid is not None or (spec.run_dir / META_FILE).exists():
+                    return backend_id
+                with contextlib.suppress(ValueError):
+                    self._queue.remove(backend_id)
+                self._jobs.pop(backend_id, None)
+                raise BackendError(f"job {spec.job_id}: could not be started: {exc}") from None
         return backend_id
 
     def status(self, backend_id: str) -> JobStatus:

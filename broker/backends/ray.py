@@ -38,7 +38,7 @@ import re
 import shlex
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,7 @@ MAX_SCRIPT_BYTES = 100_000  # one environment string (Linux allows 128 KiB)
 LOG_SYNC_INTERVAL_S = 1.0
 NODE_LABEL = "ray.io/node-id"
 MAX_ID_ATTEMPTS = 20
+RECONCILE_MIN_S = 10.0  # after a submit error, how long at least to look for the job under its id
 
 # Ray's error types that are not the job's own doing (the entrypoint never ran, or Ray lost it).
 _INFRA_ERRORS = {
@@ -304,6 +305,8 @@ class RayBackend:
     # ---- submit / status / cancel ------------------------------------------------------------------
 
     def submit(self, spec: JobSpec) -> str:
+        self.client()  # an unreachable cluster is named first, before its state API is asked anything
+        spec = self.placeable(spec)
         script = self.render(spec)
         res = self.resources(spec)
         run_dir = spec.run_dir.resolve()
@@ -320,7 +323,6 @@ class RayBackend:
         except OSError as exc:
             raise BackendError(f"job {spec.job_id}: cannot write {run_dir / SCRIPT_FILE}: {exc}") from None
         client = self.client()
-        self.check_capacity(spec)
         metadata = {"attune_campaign": spec.campaign, "attune_run": spec.job_id, "attune_run_dir": str(run_dir),
                     "attune_script_sha256": digest}
         runtime_env = self.settings.runtime_env.as_ray()
@@ -343,15 +345,48 @@ class RayBackend:
             client.submit_job(entrypoint=ENTRYPOINT, submission_id=sid, runtime_env=runtime_env,
                               metadata=metadata, **res)
         except Exception as exc:
-            again = self._info_or_none(sid)
-            if again is not None and (again.metadata or {}).get("attune_script_sha256") == digest:
-                self._remember(sid, spec, run_dir, again, fresh=False)  # a concurrent submission of the same job
+            if self.reconcile(sid, spec, run_dir, digest, exc):
                 return sid
             raise BackendError(f"Ray Jobs API at {self.settings.address}: submit_job {sid} failed: "
                                f"{_one_line(exc)}") from None
         info = self._info_or_none(sid)
         self._remember(sid, spec, run_dir, info, fresh=True)
         return sid
+
+    def reconcile(self, sid: str, spec: JobSpec, run_dir: Path, digest: str, exc: BaseException) -> bool:
+        """After a submit error: did the cluster take the job anyway? Its submission id is deterministic, so
+        it is looked up (a few times, with backoff, while the head does not answer). The same job (same
+        script) is adopted: True, and the broker tracks and charges it like any other. A job under that id
+        with another script is stopped (it cannot be charged to this run); nothing under the id: False."""
+        slow = _unreachable(exc)  # a timeout: the head may still be registering the job
+        delay = 0.5
+        deadline = time.monotonic() + max(RECONCILE_MIN_S, 2 * self.settings.request_timeout_s)
+        while True:
+            try:
+                info = self._info_or_none(sid)
+            except BackendUnavailable:
+                if time.monotonic() + delay > deadline:
+                    # The head still does not answer: the job may be queued there. Track it by its id (the
+                    # broker's polls find it, or find it missing and end the run as an infrastructure failure).
+                    self._remember(sid, spec, run_dir, None, fresh=True)
+                    return True
+                info = None
+            else:
+                if info is not None or not slow or time.monotonic() + delay > deadline:
+                    break
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+        if info is None:
+            with contextlib.suppress(Exception):  # should the slow request still land, it must not run untracked
+                self.client().stop_job(sid)
+            return False
+        if (info.metadata or {}).get("attune_script_sha256") == digest:
+            self._remember(sid, spec, run_dir, info, fresh=False)  # accepted after all: adopt it
+            return True
+        with contextlib.suppress(Exception):
+            self.client().stop_job(sid)
+        raise BackendError(f"Ray Jobs API at {self.settings.address}: submit_job {sid} failed "
+                           f"({_one_line(exc)}), and the job found under that id runs another script: stopped it")
 
     def status(self, backend_id: str) -> JobStatus:
         self._check_id(backend_id)
@@ -428,6 +463,22 @@ class RayBackend:
             time.sleep(0.2)
 
     # ---- admission of resources --------------------------------------------------------------------
+
+    def placeable(self, spec: JobSpec) -> JobSpec:
+        """The job as it can be placed. A retry avoids the nodes of the failure it retries; when too few other
+        nodes could hold it and the excluded nodes are still alive (Ray gives a restarted node a new id, so
+        the failure was not the node's: a stopped job, a dead supervisor), it runs on them again. A job no
+        alive node could ever hold is refused now, naming the cluster (it would wait forever)."""
+        if spec.exclude_nodes:
+            try:
+                self.check_capacity(spec)
+                return spec
+            except BackendUnavailable:
+                raise
+            except BackendError:
+                spec = replace(spec, exclude_nodes=())
+        self.check_capacity(spec)
+        return spec
 
     def check_capacity(self, spec: JobSpec) -> None:
         """Refuse a job the cluster's alive nodes could never hold (it would wait forever)."""

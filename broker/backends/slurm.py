@@ -250,12 +250,33 @@ class SlurmBackend:
             path.chmod(0o755)
         except OSError as exc:
             raise BackendError(f"job {spec.job_id}: cannot write {run_dir / SCRIPT_NAME}: {exc}") from None
-        out = self._run([*self.settings.sbatch, "--parsable", str(path)], cwd=run_dir).stdout.strip()
+        try:
+            out = self._run([*self.settings.sbatch, "--parsable", str(path)], cwd=run_dir).stdout.strip()
+        except BackendError:
+            found = self.reconcile(spec, run_dir)
+            if found is None:
+                raise
+            out = found  # sbatch failed or timed out, but Slurm queued the job: track it
         backend_id = out.split(";", 1)[0].strip()  # --parsable prints "<id>" or "<id>;<cluster>"
         if not _JOB_ID.match(backend_id):
             raise BackendError(f"sbatch --parsable printed {out!r}, expected a job id")
         self._jobs[backend_id] = (spec.job_id, run_dir)
         return backend_id
+
+    def reconcile(self, spec: JobSpec, run_dir: Path) -> str | None:
+        """After an sbatch error: the id of a job Slurm holds under this run's job name and working directory
+        (the submission went through after all), or None. Read from `scontrol show job -o` (every job)."""
+        name = f"{self.settings.job_name_prefix}-{_name_part(spec.campaign)}-{_name_part(spec.job_id)}"
+        try:
+            proc = self._run([*self.settings.scontrol, "show", "job", "-o"], check=False)
+        except BackendError:
+            return None
+        ids = []
+        for line in proc.stdout.splitlines():
+            f = parse_scontrol(line)
+            if f.get("JobName") == name and f.get("WorkDir") == str(run_dir) and _JOB_ID.match(f.get("JobId", "")):
+                ids.append(f["JobId"])
+        return max(ids, key=int) if ids else None
 
     def status(self, backend_id: str) -> JobStatus:
         self._check_id(backend_id)

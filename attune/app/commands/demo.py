@@ -56,7 +56,9 @@ class Display:
         if self.quiet:
             return
         if self.live is None:
-            self.console.print(f"[{time.monotonic() - self.t0:6.0f}s] {line}", highlight=False, markup=False)
+            # One progress line is one line of output: never hard-wrapped (a log or a pipe keeps it whole).
+            self.console.print(f"[{time.monotonic() - self.t0:6.0f}s] {line}", highlight=False, markup=False,
+                               soft_wrap=True)
 
     def render(self) -> Any:
         from rich.console import Group

@@ -60,7 +60,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--calibration", action="append", default=[], metavar="RUN",
                    help="a calibration run of the baseline (its steps that overlap count); repeatable")
     p.add_argument("--precision", choices=sorted(noise.FLOOR_BY_PRECISION),
-                   help="compute precision, sets the noise floor (default: the baseline log's arguments, else fp32)")
+                   help="compute precision, sets the noise floor (default: read from the baseline log's arguments; "
+                   f"when they cannot be read, e.g. JSON curves, {noise.DEFAULT_PRECISION} is assumed, the precision "
+                   "of LLM mixed-precision training; every verdict states which and how it was known)")
+    p.add_argument("--change", choices=["unknown", "layout"], default="unknown",
+                   help="what layer 1 says changed: 'layout' (only structural / same-math arguments: judged for "
+                   "drift and divergence after the first 20%% of the steps) or 'unknown' (default: every step "
+                   "held to the noise envelope)")
     p.add_argument("--k-sigma", type=float, default=noise.NoiseConfig().k_sigma,
                    help="envelope half-width in noise units (default %(default)s)")
     add_json_flag(p)
@@ -210,6 +216,8 @@ def _print_noise_aware(na: noise.NoiseAwareResult) -> None:
               f"{_ok(na.trend.passed)}")
         print(f"  envelope      {na.pointwise.outside}/{na.pointwise.compared} steps outside "
               f"(allowed {na.pointwise.allowed})  {_ok(na.pointwise.passed)}")
+    if na.gap is not None:
+        print(f"  end gap       {na.gap.mean_rel_diff:+.4%} = {na.gap.mean_z:+.2f} noise units  {_ok(na.gap.passed)}")
     print(f"  envelope: {na.envelope.basis}")
     for n in na.notes:
         print(f"  note: {n}")
@@ -217,31 +225,34 @@ def _print_noise_aware(na: noise.NoiseAwareResult) -> None:
 
 def run_converge(args: argparse.Namespace) -> int:
     base, cand, runs = _converge_inputs(args)
-    precision = args.precision or _log_precision(args.baseline)
-    ncfg = noise.config_for(precision, k_sigma=args.k_sigma, min_steps=args.min_steps)
+    precision, source = (args.precision, "given") if args.precision else _log_precision(args.baseline)
+    ncfg = noise.config_for(precision, source, k_sigma=args.k_sigma, min_steps=args.min_steps, change=args.change)
     g = judge.judge(base, cand, replicates=runs, reference_config=convergence.ConvergenceConfig(min_steps=args.min_steps),
                     noise_config=ncfg)
     result, na = g.reference, g.noise_aware
     if args.json:
         emit_json({**result.model_dump(mode="json"), "passed": g.passed, "summary": g.summary,
                    "reasons": g.reasons, "reference_passed": result.passed, "reference_summary": result.summary(),
-                   "reference_reasons": result.reasons, "precision": precision,
+                   "reference_reasons": result.reasons, "precision": precision, "precision_source": source,
+                   "assumptions": g.assumptions.model_dump() if g.assumptions else None,
                    "noise_aware": _noise_json(na), "excused": [e.model_dump() for e in g.excused],
                    "reference_common": g.reference_common.model_dump(mode="json") if g.reference_common else None,
                    "deviation": convergence.loss_deviation(base, cand),
                    "baseline": str(args.baseline), "candidate": str(args.candidate)})
     else:
         print(g.summary)
+        print(f"assumed: {na.assumed()}")
         _print_reference(g)
         _print_noise_aware(na)
     return EXIT_OK if g.passed else EXIT_FAILED
 
 
-def _log_precision(source: str) -> str:
+def _log_precision(source: str) -> tuple[str, str]:
+    """(precision, 'log') from the baseline log's resolved arguments, else (the default, 'default')."""
     try:
-        return noise.precision_of(read_resolved_args(source, inputs.DEFAULT_FRAMEWORK))
+        return noise.precision_from(read_resolved_args(source, inputs.DEFAULT_FRAMEWORK))
     except (OSError, ValueError):
-        return "fp32"
+        return noise.precision_from(None)
 
 
 def _noise_json(na: noise.NoiseAwareResult) -> dict:

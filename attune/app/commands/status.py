@@ -30,7 +30,8 @@ def render(s: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    con = Console(highlight=False)
+    # Piped (not a terminal), lines are not cut to a guessed 80 columns.
+    con = Console(highlight=False) if sys.stdout.isatty() else Console(width=10_000, soft_wrap=True, highlight=False)
     _print = con.print
 
     def clean_print(*objs: Any, **kw: Any) -> None:  # agent-written text reaches a terminal: no escapes
@@ -58,6 +59,11 @@ def render(s: dict[str, Any]) -> None:
     )
     if s["runs"]:
         t = Table("run", "kind", "lever", "status", "outcome", "tok/s/GPU", "GPU-h", "verdict")
+        # A run id is what a user types next (attune report, run_status): never truncated or wrapped. When the
+        # table cannot fit, the other columns wrap instead; piped, rows are as wide as they need to be.
+        t.columns[0].no_wrap = True
+        t.columns[0].overflow = "ignore"
+        t.columns[0].min_width = max(len(r["run_id"]) for r in s["runs"])
         for r in s["runs"]:
             t.add_row(
                 r["run_id"], r["kind"], r["lever"] or "", r["status"], r["outcome"] or "",
@@ -70,6 +76,11 @@ def render(s: dict[str, Any]) -> None:
         con.print(f"shipped: {s['shipped'].get('run_id')}")
     if s.get("failed"):
         con.print(f"[bold red]FAILED:[/] {s['failed'].get('reason')}")
+    if s.get("session_end") and not s["shipped"] and not s.get("failed"):
+        from rich.markup import escape
+
+        con.print(f"[bold red]the last agent session ended unfinished:[/] {escape(str(s['session_end'].get('reason')))}",
+                  highlight=False)
     for m in s["missing_for_stop"]:
         con.print(f"[yellow]open:[/] {m}")
 
@@ -88,8 +99,10 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"attune status: ledger does not verify ({exc.kind}): {exc}", file=sys.stderr)
         return EXIT_FAILED
+    from attune.core import session_end
+
     payload = {"ok": True, "torn_tail": result.torn_tail is not None, "authenticated": result.authenticated,
-               **state.as_dict()}
+               **state.as_dict(), "session_end": session_end.read(str(d))}
     if args.json:
         emit_json(payload)
     else:

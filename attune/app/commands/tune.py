@@ -51,6 +51,14 @@ def campaign_dir(path: str) -> Path:
     return d
 
 
+def _fail(args: argparse.Namespace, code: int, message: str) -> int:
+    """The command ends without a result: the reason on stderr, and under --json as the document too."""
+    if getattr(args, "json", False):
+        emit_json({"outcome": "failed" if code == EXIT_FAILED else "usage", "failed": message, "exit_code": code})
+    print(f"attune tune: {message}", file=sys.stderr)
+    return code
+
+
 def run(args: argparse.Namespace) -> int:
     from attune.app.campaign_runner import CampaignRunner, RunnerError
     from attune.control.campaign import CampaignError
@@ -60,23 +68,20 @@ def run(args: argparse.Namespace) -> int:
     try:
         d = campaign_dir(args.campaign)
     except FileNotFoundError as exc:
-        print(f"attune tune: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _fail(args, EXIT_USAGE, f"error: {exc}")
     runner = CampaignRunner(d, args.tuner, seed=args.seed, max_passes=args.max_passes, claude=args.claude,
                             claude_args=shlex.split(args.claude_args), max_attempts=args.max_attempts,
                             transport=args.transport,
                             say=None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True)))
-    from broker.client import stops_the_broker_it_starts
+    from broker.client import BrokerUnavailable, stops_the_broker_it_starts
 
     try:
         with stops_the_broker_it_starts(d):  # never leave behind a broker this command started
             result = runner.run()
     except (SpecError, CampaignError, TunerSetupError) as exc:
-        print(f"attune tune: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except RunnerError as exc:
-        print(f"attune tune: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return _fail(args, EXIT_USAGE, f"error: {exc}")
+    except (RunnerError, BrokerUnavailable) as exc:
+        return _fail(args, EXIT_FAILED, str(exc))
     except KeyboardInterrupt:
         print("attune tune: interrupted; rerun the same command to resume from the ledger", file=sys.stderr)
         return 130

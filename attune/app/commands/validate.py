@@ -70,6 +70,38 @@ def _search_space_warnings(spec: Any, where: str) -> list[str]:
     return out
 
 
+def search_space_problems(spec: Any, campaign_dir: Path) -> list[tuple[str, str]]:
+    """Each search-space key that neither the baseline nor the correctness list knows (a typo would only
+    show up as gate refusals during the search), with the nearest known name."""
+    import difflib
+    import fnmatch
+
+    from attune.control.plane import gate_list_source
+    from gate.lists import ListError, load_list
+
+    if not spec.search_space:
+        return []
+    known = set(spec.baseline.args) | set(spec.baseline.env)
+    patterns: list[str] = []
+    try:
+        lst = load_list(gate_list_source(spec, campaign_dir), expected_sha256=spec.gate.list_sha256).clist
+    except (ListError, OSError):
+        lst = None  # reported on its own
+    if lst is not None:
+        known |= {f for dest, e in lst.args.items() if (f := e.cli_flag(dest))}
+        known |= set(lst.env)
+        patterns = [p.pattern for p in lst.env_patterns]
+    problems = []
+    for key in spec.search_space:
+        if key in known or (not key.startswith("-") and any(fnmatch.fnmatchcase(key, p) for p in patterns)):
+            continue
+        near = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
+        problems.append((f"search_space.{key}", (
+            "not a flag or variable of the baseline or of the correctness list"
+            + (f": did you mean {near[0]}?" if near else " (a lever the gate does not know is refused at every launch)"))))
+    return problems
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         spec = load_spec(args.spec)
@@ -80,8 +112,10 @@ def run(args: argparse.Namespace) -> int:
             print(str(exc), file=sys.stderr)
         return EXIT_USAGE
     problem = _gate_list_problem(spec, args.spec)
-    if problem is not None:
-        exc = SpecError(args.spec, [("gate.lists", problem)])
+    where = Path(args.spec)
+    problems = search_space_problems(spec, where if where.is_dir() else where.parent)
+    if problem is not None or problems:
+        exc = SpecError(args.spec, ([("gate.lists", problem)] if problem is not None else []) + problems)
         if args.json:
             emit_json({"valid": False, **exc.as_dict()})
         else:

@@ -90,7 +90,11 @@ def _read_iteration(line: str, head: re.Match[str], line_no: int | None) -> Step
             rec.add_problem("another record interleaved into the iteration line", line_no)
     pieces = rest.split("|")
     tail = pieces.pop()  # the text after the last "|": blank on a whole line
-    if tail.strip() and not _BRIDGE_TRAILER.fullmatch(tail.strip()):
+    # Megatron writes every field as " key: value |": a field (whole or cut) starts with a blank after
+    # its "|". Text glued to the final "|" with no blank is another print that lacked its own newline
+    # (Megatron-Bridge's "Number of parameters in transformer layers in billions: ..."), not a cut field.
+    glued = bool(tail) and not tail[0].isspace() and len(pieces) > 0
+    if tail.strip() and not glued and not _BRIDGE_TRAILER.fullmatch(tail.strip()):
         rec.add_problem(
             f"field {tail.split(':', 1)[0].strip()!r} has no terminating '|' (cut or interleaved)", line_no
         )

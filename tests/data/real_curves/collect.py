@@ -95,6 +95,9 @@ def load_cases(repo: Path, commit: str) -> dict[str, dict]:
                 continue
             lm = doc.get("lm loss") if isinstance(doc, dict) else None
             vals = (lm or {}).get("values") if isinstance(lm, dict) else None
+            if isinstance(vals, list):  # older files (2024): a list from start_step every step_interval
+                start, every = int(lm.get("start_step") or 0), int(lm.get("step_interval") or 1)
+                vals = {str(start + i * every): v for i, v in enumerate(vals)}
             if not isinstance(vals, dict):
                 continue
             curve = {}
@@ -143,7 +146,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("repo", type=Path)
     ap.add_argument("--commit", default="HEAD")
+    ap.add_argument("--out", type=Path, default=HERE, help="folder for curves.json and PROVENANCE.md")
     ns = ap.parse_args()
+    ns.out.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(HERE.parents[2]))
     from gate.lists import load_list
 
@@ -183,10 +188,10 @@ def main() -> int:
         "layout_pairs": layout,
         "objective_pairs": objective,
     }
-    (HERE / "curves.json").write_text(json.dumps(doc, indent=0, sort_keys=True) + "\n")
+    (ns.out / "curves.json").write_text(json.dumps(doc, indent=0, sort_keys=True) + "\n")
     lines = ["# Provenance of curves.json", "",
              f"Repository: NVIDIA/Megatron-LM (https://github.com/NVIDIA/Megatron-LM), commit `{commit}`.",
-             "Made by `python tests/data/real_curves/collect.py <clone>` (its docstring says how cases and pairs",
+             f"Made by `python tests/data/real_curves/collect.py <clone> --commit {commit[:12]}` (its docstring says how cases and pairs",
              "are chosen). Each curve is the `lm loss` values (steps 1-100) of one golden-values file; each",
              "case's arguments come from its `model_config.yaml`. Megatron-LM is Apache-2.0 licensed.", "",
              "| case | file |", "|---|---|"]
@@ -194,7 +199,7 @@ def main() -> int:
         lines.append(f"| {c} | `{cases[c]['config']}` |")
         for env in sorted(cases[c]["curves"]):
             lines.append(f"| {c} | `{cases[c]['curves'][env]['path']}` |")
-    (HERE / "PROVENANCE.md").write_text("\n".join(lines) + "\n")
+    (ns.out / "PROVENANCE.md").write_text("\n".join(lines) + "\n")
     print(f"{len(keep)} cases, {len(layout)} layout pairs, {len(objective)} objective pairs")
     return 0
 
