@@ -312,7 +312,10 @@ def test_verify_catches_a_rewritten_ledger_against_the_logs(entry: Path) -> None
 
     path = entry / "evidence" / "ledger.jsonl"
     _rechain(path, inflate)
-    head = {"rows": ledger.verify(entry / "evidence").rows, "last_hash": ledger.verify(entry / "evidence").last_hash}
+    # On this machine the copy's MACs are checked with the original campaign's key (found by the first
+    # row), which the forger lacks; a verifier elsewhere has only the chain, which the forger rebuilt.
+    rep = ledger.verify(entry / "evidence", chain_only=True)
+    head = {"rows": rep.rows, "last_hash": rep.last_hash}
     _edit_entry(entry, lambda d: (d["ledger"].update(head), d["files"].update(
         {"evidence/ledger.jsonl": sha256_file(path)})))
     failed = _failed(entry)
