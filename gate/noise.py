@@ -123,7 +123,7 @@ class NoiseConfig(BaseModel):
 
 class NoiseSource(BaseModel):
     name: str
-    kind: Literal["baseline", "replicate", "calibration", "environment", "other"]
+    kind: Literal["baseline", "replicate", "calibration", "environment", "other", "candidate_replicate"]
     steps: int = Field(description="finite steps the run has")
 
 
@@ -264,43 +264,73 @@ def _clean(curve: Curve) -> dict[int, float]:
 
 
 def build_envelope(baseline: Curve, runs: Sequence[tuple[str, str, Curve]] = (),
-                   config: NoiseConfig | None = None) -> NoiseEnvelope:
-    """The noise envelope from the baseline and other runs of its objective: (name, kind, curve) each."""
+                   config: NoiseConfig | None = None,
+                   candidate_runs: Sequence[tuple[str, Curve]] = ()) -> NoiseEnvelope:
+    """The noise envelope from the baseline and other runs of its objective: (name, kind, curve) each.
+
+    `candidate_runs`: (name, curve) runs of the *candidate's* recipe (its check run and its replicate check
+    run): they are paired with each other only, never with the baseline's runs, and their spread is added to
+    the noise model (kind `candidate_replicate`)."""
     cfg = config or NoiseConfig()
     base = _clean(baseline)
     named: list[tuple[str, str, dict[int, float]]] = [("baseline", "baseline", base)]
     named += [(n, k if k in ("replicate", "calibration", "environment") else "other", _clean(c)) for n, k, c in runs]
-    sources = [NoiseSource(name=n, kind=k, steps=len(c)) for n, k, c in named]  # type: ignore[arg-type]
+    cands = [(n, "candidate_replicate", _clean(c)) for n, c in candidate_runs]
+    sources = [NoiseSource(name=n, kind=k, steps=len(c)) for n, k, c in named + cands]  # type: ignore[arg-type]
     per_step: dict[int, list[float]] = {}
+    cand_step: dict[int, list[float]] = {}
     pairs: list[PairNoise] = []
-    for i in range(len(named)):
-        for j in range(i + 1, len(named)):
-            (na, _, a), (nb, _, b) = named[i], named[j]
-            common = sorted(set(a) & set(b))
-            if not common:
-                continue
-            rels = []
-            for s in common:
-                ref = base.get(s, b[s])
-                e = (a[s] - b[s]) / abs(ref) if ref != 0 else a[s] - b[s]
-                rels.append(e)
-                per_step.setdefault(s, []).append(e)
-            arr = np.asarray(rels)
-            pairs.append(PairNoise(a=na, b=nb, steps=len(common), max_abs_rel=float(np.max(np.abs(arr))),
-                                   rms_rel=float(np.sqrt(np.mean(arr ** 2))), identical=bool(np.all(arr == 0.0))))
-    keys = sorted(per_step)
-    sigma: dict[int, float] = {}
-    samples: dict[int, int] = {}
-    for idx, s in enumerate(keys):
-        near = keys[max(0, idx - cfg.window): idx + cfg.window + 1]
-        vals = np.concatenate([np.asarray(per_step[t]) for t in near])
-        sigma[s] = float(np.sqrt(np.mean(vals ** 2))) * upper_bound_factor(len(vals))
-        samples[s] = len(vals)
+    for group, into in ((named, per_step), (cands, cand_step)):
+        for i in range(len(group)):
+            for j in range(i + 1, len(group)):
+                pair = _pair(base, group[i], group[j], into)
+                if pair is not None:
+                    pairs.append(pair)
+    sigma, samples = _pooled(per_step, cfg.window)
+    if cand_step:
+        # the candidate's own spread: var(candidate - baseline) = var_b + var_c, and a pair of runs of one
+        # recipe differs by 2 var, so u^2 = (u_baseline^2 + u_candidate^2) / 2 where the candidate's runs cover s
+        c_sigma, c_samples = _pooled(cand_step, cfg.window)
+        for s, uc in c_sigma.items():
+            sigma[s] = math.sqrt((sigma.get(s, 0.0) ** 2 + uc ** 2) / 2.0)
+            samples[s] = samples.get(s, 0) + c_samples[s]
+    keys = sorted(set(per_step) | set(cand_step))
     deterministic = bool(pairs) and all(p.identical for p in pairs)
     basis = _basis(pairs, deterministic, cfg.floor_rel, cfg.change, sigma, len(keys), sources)
     return NoiseEnvelope(sources=sources, pairs=pairs, deterministic=deterministic, floor_rel=cfg.floor_rel,
                          k_sigma=cfg.k_sigma, window=cfg.window, sigma_rel=sigma, samples=samples, basis=basis,
                          allowance=allowance_name(cfg.change))
+
+
+def _pair(base: dict[int, float], x: tuple[str, str, dict[int, float]], y: tuple[str, str, dict[int, float]],
+          into: dict[int, list[float]]) -> PairNoise | None:
+    """One pair's relative differences per step (added to `into`), or None when they share no step."""
+    (na, _, a), (nb, _, b) = x, y
+    common = sorted(set(a) & set(b))
+    if not common:
+        return None
+    rels = []
+    for s in common:
+        ref = base.get(s, b[s])
+        e = (a[s] - b[s]) / abs(ref) if ref != 0 else a[s] - b[s]
+        rels.append(e)
+        into.setdefault(s, []).append(e)
+    arr = np.asarray(rels)
+    return PairNoise(a=na, b=nb, steps=len(common), max_abs_rel=float(np.max(np.abs(arr))),
+                     rms_rel=float(np.sqrt(np.mean(arr ** 2))), identical=bool(np.all(arr == 0.0)))
+
+
+def _pooled(per_step: dict[int, list[float]], window: int) -> tuple[dict[int, float], dict[int, int]]:
+    """Per step: the RMS of the differences at the logged steps within `window`, widened to its 95% upper bound."""
+    keys = sorted(per_step)
+    sigma: dict[int, float] = {}
+    samples: dict[int, int] = {}
+    for idx, s in enumerate(keys):
+        near = keys[max(0, idx - window): idx + window + 1]
+        vals = np.concatenate([np.asarray(per_step[t]) for t in near])
+        sigma[s] = float(np.sqrt(np.mean(vals ** 2))) * upper_bound_factor(len(vals))
+        samples[s] = len(vals)
+    return sigma, samples
 
 
 def allowance_name(change: str) -> str:
@@ -317,7 +347,7 @@ def _basis(pairs: list[PairNoise], deterministic: bool, floor: float, change: st
         return f"no other run of the baseline's objective: the envelope is the floor alone, {fallback}"
     if deterministic:
         return (f"{len(pairs)} pair(s) of same-objective runs reproduce the baseline's losses exactly "
-                f"(deterministic: zero spread): the envelope is the floor, {fallback}")
+                f"(deterministic): zero spread, so the envelope is the floor, {fallback}")
     peak = max(p.max_abs_rel for p in pairs)
     typical = float(np.sqrt(np.mean([v ** 2 for v in sigma.values()])))
     return (f"{len(pairs)} pair(s) of same-objective runs over {n_steps} step(s) "

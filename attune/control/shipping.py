@@ -55,7 +55,7 @@ from attune.control.rungen import Changes
 from attune.core.campaign_paths import SHIPPED_DIR  # noqa: F401 - shipping.SHIPPED_DIR, as callers read it
 from attune.core.measure import beats, gain
 from attune.core.state import CampaignState, RunState
-from attune.core.vocab import RunKind, RunOutcome
+from attune.core.vocab import RunKind, RunOutcome, ShipAction
 
 MAX_CANDIDATES = 3
 REPEATS = 2
@@ -68,8 +68,9 @@ class Action:
     """The next step: wait, launch a check or re-measurement run of a recipe, judge a finished check
     run or record a finished re-measurement run, ship a recipe, or done."""
 
-    kind: str  # wait | not_due | check | remeasure | judge | record | ship | done | fail (record it) | failed
-    of: str | None = None  # "baseline" or a run id (judge, record: the finished check or re-measurement run)
+    kind: str  # a ShipAction: wait | not_due | check | check_replicate | remeasure | judge | rejudge | record |
+    # ship | done | fail (record it) | failed
+    of: str | None = None  # "baseline" or a run id (judge, rejudge, record: the finished check or re-measurement run)
     reason: str = ""
 
 
@@ -183,12 +184,46 @@ def next_remeasure(state: CampaignState) -> str | None:
 
 def unjudged_check(state: CampaignState) -> RunState | None:
     """A candidate's check run that finished and has no `check_run` verdict row yet (the baseline's own
-    check runs are the reference and its replicates: they get none)."""
+    check runs are the reference and its replicates: they get none; a candidate's replicate check run is
+    judged with its check run, `unjudged_replicate`)."""
     judged = {c.get("run_id") for c in state.checks}
     for r in state.runs.values():
-        if r.kind == RunKind.CHECK and r.base_run_id != "baseline" and r.status == "finished" and r.run_id not in judged:
+        if (r.kind == RunKind.CHECK and r.base_run_id != "baseline" and r.status == "finished"
+                and r.run_id not in judged and r.purpose != "replicate"):
             return r
     return None
+
+
+# ------------------------------------------------------------------ a replicate where a check is borderline
+
+
+def candidate_replicates(state: CampaignState, of: str) -> list[RunState]:
+    """The replicate check runs of candidate `of` (at most one is ever admitted: `plane.rule_one_replicate`)."""
+    return [r for r in state.runs.values() if r.kind == RunKind.CHECK and r.base_run_id == of and r.purpose == "replicate"]
+
+
+def unjudged_replicate(state: CampaignState) -> RunState | None:
+    """A candidate's replicate check run that finished (well or not) and whose verdict row is not written yet."""
+    judged = {c.get("replicate_run_id") for c in state.checks}
+    for r in state.runs.values():
+        if r.kind == RunKind.CHECK and r.purpose == "replicate" and r.status == "finished" and r.run_id not in judged:
+            return r
+    return None
+
+
+def borderline_replicate(state: CampaignState, candidate: str, verdict: dict[str, Any]) -> Action | None:
+    """ONE replicate check run of a candidate whose check was rejected within the margin of its thresholds
+    (`borderline` in its `check_run` row, `gate.judge.borderline`): its spread joins the noise model when the
+    candidate is judged again. None when the check was not borderline, or the candidate already had (or was
+    refused) its one replicate."""
+    if verdict.get("passed") or not (verdict.get("borderline") or {}).get("borderline"):
+        return None
+    refused = any(x.get("of") == candidate and x.get("purpose") == "replicate" for x in state.refusals)
+    if candidate_replicates(state, candidate) or refused or verdict.get("replicate_run_id"):
+        return None
+    why = (verdict.get("borderline") or {}).get("why", "")
+    return Action(ShipAction.CHECK_REPLICATE, candidate, f"replicate check run of {candidate}: its check was "
+                  f"borderline ({why}); the candidate's own spread joins the noise model")
 
 
 def unrecorded_remeasurement(state: CampaignState) -> RunState | None:
@@ -269,6 +304,9 @@ def _plan_ship(state: CampaignState) -> Action:
         if verdict is not None:
             if verdict.get("passed"):
                 return Action("ship", c.run_id, "the fastest candidate that passed the correctness gate")
+            again = borderline_replicate(state, c.run_id, verdict)
+            if again is not None:
+                return again
             continue
         return Action("check", c.run_id, f"correctness check of {c.run_id}")
     return Action("ship", "baseline", f"none of the {len(cands)} candidate(s) passed the correctness gate")
@@ -283,6 +321,10 @@ def plan(state: CampaignState) -> Action:
     pending = unjudged_check(state)
     if pending is not None:
         return Action("judge", pending.run_id, f"the gate's verdict on check run {pending.run_id}")
+    pending = unjudged_replicate(state)
+    if pending is not None:
+        return Action(ShipAction.REJUDGE, pending.run_id, f"the gate's verdict on {pending.base_run_id} with its "
+                      f"replicate check run {pending.run_id}")
     pending = unrecorded_remeasurement(state)
     if pending is not None:
         return Action("record", pending.run_id, f"the re-measurement of {pending.base_run_id} by {pending.run_id}")
@@ -305,6 +347,7 @@ def status(state: CampaignState) -> dict[str, Any]:
     """Where shipping stands, for `attune tune`, the broker's campaign status and the demo."""
     a = plan(state)
     phase = {"not_due": "searching", "wait": "waiting", "check": "checking", "ship": "checking", "judge": "checking",
+             "check_replicate": "checking", "rejudge": "checking",
              "remeasure": "remeasuring", "record": "remeasuring", "done": "done", "fail": "failed", "failed": "failed"}[a.kind]
     if a.kind == "wait" and state.shipped is not None:
         phase = "remeasuring"

@@ -71,3 +71,21 @@ class Verdict(StrEnum):
     # Derived by readers for runs the ledger has no verdict for (yet).
     IN_FLIGHT = "in_flight"
     UNMEASURED = "unmeasured"
+
+
+class ShipAction(StrEnum):
+    """What shipping does next (`attune.control.shipping.plan`'s `Action.kind`)."""
+
+    NOT_DUE = "not_due"
+    WAIT = "wait"
+    CHECK = "check"  # launch a check run of the baseline (reference, replicates) or of a candidate
+    # launch ONE replicate check run of a candidate whose check was borderline (`shipping.borderline_replicate`)
+    CHECK_REPLICATE = "check_replicate"
+    JUDGE = "judge"  # record the gate's verdict on a finished check run
+    REJUDGE = "rejudge"  # judge a candidate again with its replicate check run's spread in the noise model
+    RECORD = "record"
+    REMEASURE = "remeasure"
+    SHIP = "ship"
+    DONE = "done"
+    FAIL = "fail"
+    FAILED = "failed"
