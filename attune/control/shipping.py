@@ -23,6 +23,11 @@ broker that restarts (or a campaign resumed days later) carries on where it stop
    envelope of the baseline's replicates and calibration runs, both verdicts recorded). Each verdict
    is a `check_run` row. The first candidate that passes ships; if none does (or the reserve cannot
    pay for another check), the baseline ships. `shipped` row, and `shipped/` on disk.
+   A check rejected within the margin of its thresholds (`borderline` in its row, `gate.judge.borderline`)
+   gets ONE replicate check run of the same candidate (`ShipAction.CHECK_REPLICATE`,
+   `borderline_replicate`; admitted by the same pipeline, `plane.rule_one_replicate`, paid from the check
+   reserve); once it finishes, the candidate is judged again with its own spread in the noise model
+   (`ShipAction.REJUDGE`, a second `check_run` row that is the candidate's verdict).
 5. **Final re-measurement**: the baseline and the shipped recipe run again, two repeats each, in a
    randomised interleaved order (seeded by the campaign, so a resumed campaign keeps the order); a
    recipe whose two repeats differ by more than the band gets a third; a repeat without a valid
