@@ -167,29 +167,37 @@ def evaluate(corpora: list[str] | None = None) -> list[PairVerdict]:
     return rows
 
 
+def _rejected(rows: list[PairVerdict], same_objective: bool, mode: str | None = None, reference: bool = False) -> int:
+    """How many of `rows` (same-objective or objective pairs, judged in `mode`; None: as layer 1 classes them)
+    are rejected, by layer 2 or (reference=True) by the reference rule alone."""
+    sel = [r for r in rows if r.same_objective == same_objective
+           and r.mode == (mode or ("layout" if r.layer1_class == "layout" else "strict"))]
+    return sum(not (r.reference if reference else r.gate) for r in sel)
+
+
 def headline(rows: list[PairVerdict]) -> list[dict[str, Any]]:
     """Per corpus and cut: same-objective pairs rejected (judged as layer 1 classes them: layout) and
-    objective pairs rejected (layout mode: the backstop's worst case; strict mode in brackets)."""
+    objective pairs rejected (layout mode: the backstop's worst case; strict mode in brackets). The `_layer1`
+    figures judge each pair in the mode layer 1 gives from the cases' own arguments (what `attune gate converge`
+    without --change does): layout where it classes the change layout, strict otherwise (no arguments, no
+    change seen, an objective change)."""
     out = []
     for corpus in dict.fromkeys(r.corpus for r in rows):
         for cut in CUTS:
             sel = [r for r in rows if r.corpus == corpus and r.cut == cut]
-            legit = [r for r in sel if r.same_objective and r.mode == "layout"]
-            obj = [r for r in sel if not r.same_objective and r.mode == "layout"]
-            obj_s = [r for r in sel if not r.same_objective and r.mode == "strict"]
-            legit_s = [r for r in sel if r.same_objective and r.mode == "strict"]
-            # `attune gate converge` without --change: layout mode where layer 1 classes the change layout,
-            # strict otherwise (no arguments, no change seen, an objective change)
-            auto = [r for r in sel if r.mode == ("layout" if r.layer1_class == "layout" else "strict")]
+            layout_rows = [r for r in sel if r.mode == "layout"]
             out.append({"corpus": corpus, "role": CORPORA[corpus][1], "cut": cut,
-                        "legit_pairs": len(legit), "legit_rejected": sum(not r.gate for r in legit),
-                        "legit_rejected_strict": sum(not r.gate for r in legit_s),
-                        "objective_pairs": len(obj), "objective_rejected": sum(not r.gate for r in obj),
-                        "objective_rejected_strict": sum(not r.gate for r in obj_s),
-                        "objective_rejected_reference": sum(not r.reference for r in obj),
-                        "legit_rejected_layer1": sum(not r.gate for r in auto if r.same_objective),
-                        "objective_rejected_layer1": sum(not r.gate for r in auto if not r.same_objective),
-                        "legit_layer1_layout": sum(r.layer1_class == "layout" for r in auto if r.same_objective)})
+                        "legit_pairs": sum(r.same_objective for r in layout_rows),
+                        "legit_rejected": _rejected(sel, True, "layout"),
+                        "legit_rejected_strict": _rejected(sel, True, "strict"),
+                        "objective_pairs": sum(not r.same_objective for r in layout_rows),
+                        "objective_rejected": _rejected(sel, False, "layout"),
+                        "objective_rejected_strict": _rejected(sel, False, "strict"),
+                        "objective_rejected_reference": _rejected(sel, False, "layout", reference=True),
+                        "legit_rejected_layer1": _rejected(sel, True),
+                        "objective_rejected_layer1": _rejected(sel, False),
+                        "legit_layer1_layout": sum(r.same_objective and r.layer1_class == "layout"
+                                                   for r in layout_rows)})
     return out
 
 

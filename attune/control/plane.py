@@ -445,7 +445,7 @@ class Control:
         """The request as runs/<id>/job.json records it."""
         if isinstance(request, FinalRunRequest):
             return {"kind": request.kind, "of": request.of, "steps": self._final_steps(request.kind),
-                    "replicate": request.replicate}
+                    **({"replicate": True} if request.replicate else {})}
         return request.model_dump()
 
     def _with_workload_python(self, job: JobSpec) -> JobSpec:
