@@ -96,6 +96,17 @@ class ConfigCheckResult(BaseModel):
                                                   for c in self.changes)
         return "layout" if ok else "unknown"
 
+    def objective_class(self) -> Literal["layout", "objective", "unknown"]:
+        """What layer 1 says the change is, for a verdict to report: 'layout' (`change_class`), 'objective' when
+        it refuses a change whose class it knows changes what is trained (numeric, frozen, a same-math swap
+        outside its values or whose component test failed, a known defect), else 'unknown' (no change seen, or only
+        unlisted ones or untested swaps: layer 1 cannot tell). Layer 2 judges 'objective' and 'unknown' alike, at replicate level."""
+        if self.change_class() == "layout":
+            return "layout"
+        def known(r: ConfigRefusal) -> bool:  # an untested same-math swap is not known to change the objective
+            return r.klass in ("numeric", "frozen", "defect") or (r.klass == "same_math" and "has not run" not in r.reason)
+        return "objective" if any(known(r) for r in self.refusals) else "unknown"
+
 
 # ----------------------------------------------------------------- recipe (flag form) -> attributes
 

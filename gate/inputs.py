@@ -11,7 +11,9 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from attune.core.errors import GateError
 from attune.readers import bounded
@@ -164,36 +166,101 @@ def _curve_value(v: Any, where: str) -> float | None:
     raise GateInputError(f"{where}: a loss must be a number, null or 'nan'/'inf', got {type(v).__name__}")
 
 
-def load_curve(path: str | Path, framework: str = DEFAULT_FRAMEWORK) -> dict[int, float | None]:
-    """A loss curve: a JSON mapping of step number to loss (``{"1": 10.41, ...}``), or a training log
-    (read by `framework`'s reader).
+class RunInput(BaseModel):
+    """A run given to `attune gate converge`: its loss curve and, when the input carries them, its arguments."""
 
-    In JSON, ``null`` is a missing loss and ``NaN``/``"nan"``/``"inf"`` are non-finite losses.
-    """
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    curve: dict[int, float | None]
+    args: dict[str, Any] | None = Field(None, description="resolved attributes, or a recipe's --flags (see form)")
+    env: dict[str, str] = Field(default_factory=dict)
+    form: Literal["resolved", "recipe"] | None = Field(None, description="how args are keyed; None: no arguments")
+    source: str = Field(description="'log' (a training log's arguments block), 'json' (a curve file's args), or "
+                        "'none'")
+
+
+def _curve_map(data: Any, where: str) -> dict[int, float | None]:
+    if not isinstance(data, dict):
+        raise GateInputError(f"{where}: expected a JSON object mapping step numbers to losses")
+    out: dict[int, float | None] = {}
+    for k, v in data.items():
+        try:
+            step = int(str(k))
+        except ValueError:
+            raise GateInputError(f"{where}: step {k!r} is not an integer") from None
+        out[step] = _curve_value(v, f"{where}: step {k}")
+    if not out:
+        raise GateInputError(f"{where}: the loss curve is empty")
+    return out
+
+
+def _run_args(obj: Any, where: str) -> tuple[dict[str, Any], Literal["resolved", "recipe"]]:
+    """A curve file's `args`: every key a --flag (a recipe) or every key an attribute name (resolved)."""
+    if not isinstance(obj, dict) or not obj:
+        raise GateInputError(f"{where}: expected a non-empty mapping of --flag (recipe) or attribute name (resolved "
+                         "arguments) to value")
+    keys = [k for k in obj if isinstance(k, str)]
+    if len(keys) == len(obj) and all(k.startswith("--") for k in keys):
+        return _check_args(obj, where), "recipe"
+    bad = [k for k in obj if not isinstance(k, str) or not names.DEST_RE.match(k)]
+    if bad:
+        raise GateInputError(f"{where}: key {bad[0]!r} is neither a --flag nor an attribute name (lower_snake_case); "
+                         "the keys must be all one or all the other")
+    for k, v in obj.items():
+        if not (v is None or isinstance(v, (str, int, float, bool)) or
+                (isinstance(v, list) and all(isinstance(x, (str, int, float, bool)) for x in v))):
+            raise GateInputError(f"{where}: value of {k} must be a string, number, boolean, null or list")
+    return dict(obj), "resolved"
+
+
+def load_run(path: str | Path, framework: str = DEFAULT_FRAMEWORK) -> RunInput:
+    """A run for the convergence check: a training log (its loss curve, and its resolved-arguments block when it
+    has one), a JSON loss curve ``{"1": 10.41, ...}`` (no arguments), or a JSON run
+    ``{"loss": {"1": 10.41, ...}, "args": {...}, "env": {...}}`` whose `args` are a recipe's ``--flags`` or
+    resolved attribute names (all one or all the other)."""
     p = Path(path)
+    text = _read_curve_text(p)
+    data = _json_curve(p, text)
+    if data is None:
+        curve = _log_curve(p, framework)
+        try:
+            args = read_resolved_args(p, framework)
+        except (OSError, ValueError):
+            return RunInput(curve=curve, source="none")
+        return RunInput(curve=curve, args=args, form="resolved", source="log")
+    if isinstance(data, dict) and "loss" in data and isinstance(data["loss"], dict):
+        unknown = set(data) - {"loss", "args", "env", "name", "description", "source"}
+        if unknown:
+            raise GateInputError(f"{p}: unknown top-level field(s) {sorted(unknown)}; expected loss, args, env")
+        curve = _curve_map(data["loss"], f"{p}: loss")
+        if data.get("args") is None:
+            return RunInput(curve=curve, env=check_env(data.get("env"), f"{p}: env"), source="none")
+        args, form = _run_args(data["args"], f"{p}: args")
+        return RunInput(curve=curve, args=args, env=check_env(data.get("env"), f"{p}: env"), form=form,
+                        source="json")
+    return RunInput(curve=_curve_map(data, str(p)), source="none")
+
+
+def _read_curve_text(p: Path) -> str:
     try:
-        text = bounded.read_bytes(p, "loss curve or log", MAX_CURVE_BYTES).decode("utf-8", "replace")
+        return bounded.read_bytes(p, "loss curve or log", MAX_CURVE_BYTES).decode("utf-8", "replace")
     except bounded.InputError as exc:
         raise GateInputError(str(exc)) from None
-    if p.suffix == ".json" or text.lstrip().startswith("{"):
-        if bounded.json_depth(text) > bounded.MAX_DEPTH:
-            raise GateInputError(f"{p}: JSON nested deeper than {bounded.MAX_DEPTH} levels")
-        try:
-            data = json.loads(text)  # accepts NaN and Infinity
-        except (json.JSONDecodeError, RecursionError) as exc:
-            raise GateInputError(f"{p} is not valid JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise GateInputError(f"{p}: expected a JSON object mapping step numbers to losses")
-        out: dict[int, float | None] = {}
-        for k, v in data.items():
-            try:
-                step = int(str(k))
-            except ValueError:
-                raise GateInputError(f"{p}: step {k!r} is not an integer") from None
-            out[step] = _curve_value(v, f"{p}: step {k}")
-        if not out:
-            raise GateInputError(f"{p}: the loss curve is empty")
-        return out
+
+
+def _json_curve(p: Path, text: str) -> Any:
+    """The parsed JSON of a curve file, or None when it is a training log."""
+    if not (p.suffix == ".json" or text.lstrip().startswith("{")):
+        return None
+    if bounded.json_depth(text) > bounded.MAX_DEPTH:
+        raise GateInputError(f"{p}: JSON nested deeper than {bounded.MAX_DEPTH} levels")
+    try:
+        return json.loads(text)  # accepts NaN and Infinity
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise GateInputError(f"{p} is not valid JSON: {exc}") from None
+
+
+def _log_curve(p: Path, framework: str) -> dict[int, float | None]:
     try:
         curve = read_losses(p, framework)
     except OSError as exc:
@@ -201,6 +268,15 @@ def load_curve(path: str | Path, framework: str = DEFAULT_FRAMEWORK) -> dict[int
     if not curve:
         raise GateInputError(f"{p}: no {framework} step lines found: not a training log, and not a JSON loss curve")
     return curve
+
+
+def load_curve(path: str | Path, framework: str = DEFAULT_FRAMEWORK) -> dict[int, float | None]:
+    """A loss curve: a JSON mapping of step number to loss (``{"1": 10.41, ...}``), a JSON run
+    (``{"loss": {...}, "args": {...}}``, see `load_run`), or a training log (read by `framework`'s reader).
+
+    In JSON, ``null`` is a missing loss and ``NaN``/``"nan"``/``"inf"`` are non-finite losses.
+    """
+    return load_run(path, framework).curve
 
 
 def curve_to_json(curve: dict[int, float | None]) -> dict[str, float | str | None]:

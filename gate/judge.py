@@ -115,10 +115,12 @@ def _summary(passed: bool, na: NoiseAwareResult, ref: ConvergenceResult, excused
 
 def judge(baseline: Curve, candidate: Curve, *, replicates: Sequence[tuple[str, str, Curve]] = (),
           envelope: NoiseEnvelope | None = None, reference_config: ConvergenceConfig | None = None,
-          noise_config: NoiseConfig | None = None) -> GateConvergence:
-    """Both verdicts and the gate's combination. `replicates`: (name, kind, curve) runs of the baseline's objective."""
+          noise_config: NoiseConfig | None = None,
+          candidate_runs: Sequence[tuple[str, Curve]] = ()) -> GateConvergence:
+    """Both verdicts and the gate's combination. `replicates`: (name, kind, curve) runs of the baseline's objective;
+    `candidate_runs`: (name, curve) runs of the candidate's recipe whose spread joins the noise model."""
     ncfg = noise_config or NoiseConfig()
-    env = envelope or build_envelope(baseline, replicates, ncfg)
+    env = envelope or build_envelope(baseline, replicates, ncfg, candidate_runs)
     ref = check_convergence(baseline, candidate, reference_config)
     na = check_noise_aware(baseline, candidate, env, ncfg)
     excused: list[Excuse] = []
@@ -145,6 +147,43 @@ def judge(baseline: Curve, candidate: Curve, *, replicates: Sequence[tuple[str, 
     return GateConvergence(passed=passed, summary=_summary(passed, na, ref, excused, reasons), reasons=reasons,
                            reference=ref, reference_common=common_ref, reference_counts=ref_ok, excused=excused,
                            noise_aware=na, assumptions=na.assumptions)
+
+
+# A rejected verdict is *borderline* when the noise-aware check alone rejects it (layer 1 and the reference rule
+# pass, no data problem) and every failed statistic lies within BORDERLINE_MARGIN times its limit (k = 4 noise
+# units: up to 6). Why 1.5: the noise is estimated from a handful of runs, and its 95% upper bound is 1.4-2.1
+# times the estimate for 15-5 differences (`upper_bound_factor`); a difference within 1.5x the limit is within
+# what the estimate itself is unsure of. Shipping then asks for one replicate check run of the candidate.
+BORDERLINE_MARGIN = 1.5
+
+
+def borderline(g: GateConvergence, margin: float = BORDERLINE_MARGIN) -> dict[str, object]:
+    """Whether a rejected verdict is within `margin` of its thresholds (see BORDERLINE_MARGIN), and why."""
+    na = g.noise_aware
+    out: dict[str, object] = {"borderline": False, "margin": margin, "ratio": None}
+    if g.passed or na.data_problems or not g.reference_counts or not na.failed_checks:
+        out["why"] = ("passed" if g.passed else "not the noise-aware check's alone (data problem or the reference "
+                      "rule rejects): a replicate cannot change it")
+        return out
+    k = na.envelope.k_sigma
+    ratios: dict[str, float | None] = {}
+    if "level" in na.failed_checks and na.level:
+        ratios["level"] = abs(na.level.mean_z) / k
+    if "trend" in na.failed_checks and na.trend:
+        ratios["trend"] = abs(na.trend.drift_z) / k
+    if "gap" in na.failed_checks and na.gap:
+        ratios["gap"] = abs(na.gap.mean_z) / k
+    if "pointwise" in na.failed_checks and na.pointwise:
+        pw = na.pointwise  # the step that would have to come inside for the check to pass
+        ratios["pointwise"] = abs(pw.worst[pw.allowed].z) / k if pw.allowed < len(pw.worst) else None
+    known = [v for v in ratios.values() if v is not None]
+    ratio = max(known) if known and len(known) == len(ratios) else None
+    out["ratio"] = ratio
+    out["borderline"] = ratio is not None and ratio <= margin
+    shown = ", ".join(f"{n} {v:.2f}x" if v is not None else f"{n} ?" for n, v in ratios.items())
+    out["why"] = (f"the noise-aware check alone rejects, {shown} its limit "
+                  + (f"(within {margin:g}x: borderline)" if out["borderline"] else f"(beyond {margin:g}x)"))
+    return out
 
 
 def curves_from(entries: Mapping[str, Curve]) -> list[tuple[str, str, Curve]]:

@@ -112,7 +112,8 @@ class NoiseConfig(BaseModel):
     min_steps: int = Field(5, ge=2, description="fewer common steps than this cannot be judged: reject")
     precision: str = Field("fp32", description="the precision assumed (sets floor_rel; the library default is the strictest, callers resolve it with precision_from)")
     precision_source: str = Field("default", description=(
-        "how the precision is known: 'given' (--precision), 'log' (the baseline's arguments) or 'default' "
+        "how the precision is known: 'given' (--precision), 'log' (the baseline log's arguments), 'json' (a JSON "
+        "run's args) or 'default' "
         "(assumed: DEFAULT_PRECISION)"))
     change: Change = Field("unknown", description=(
         "what layer 1 says changed: 'layout' (only structural / same-math arguments: judged for drift and "
@@ -122,7 +123,7 @@ class NoiseConfig(BaseModel):
 
 class NoiseSource(BaseModel):
     name: str
-    kind: Literal["baseline", "replicate", "calibration", "environment", "other"]
+    kind: Literal["baseline", "replicate", "calibration", "environment", "other", "candidate_replicate"]
     steps: int = Field(description="finite steps the run has")
 
 
@@ -147,6 +148,9 @@ class NoiseEnvelope(BaseModel):
         "difference, given how many differences it rests on"))
     samples: dict[int, int] = Field(default_factory=dict, description="differences pooled into each step's noise")
     basis: str = Field(description="what the envelope rests on, in words")
+    allowance: str = Field("replicate floor", description=(
+        "the floor the envelope falls back to where the runs show no spread (none, or bit-identical): 'layout "
+        "allowance' for a layout-only change, 'replicate floor' otherwise"))
 
     def unit(self, step: int) -> tuple[float, bool]:
         """u(step) and whether it was extrapolated (the step is past the pairs' steps, or has no data)."""
@@ -206,16 +210,20 @@ class Assumptions(BaseModel):
         "'replicates', 'calibration', 'environment' (runs of the baseline's objective, by kind, '+'-joined), "
         "'deterministic' (they reproduce the baseline bit for bit: the floor is the allowance) or 'floor'"))
     floor_rel: float
+    allowance: str = Field("replicate floor", description=(
+        "which floor floor_rel is: 'layout allowance' (a layout-only change) or 'replicate floor'; with no "
+        "spread in the runs (noise_source 'deterministic' or 'floor') it is the whole envelope"))
     k_sigma: float
     change: str = Field(description="'layout' (drift and divergence) or 'unknown' (replicate level at every step)")
     window: list[int] = Field(description="[first, last] step judged; [] when nothing could be judged")
     judged_steps: int
 
     def text(self) -> str:
-        how = {"default": "assumed (not readable from the inputs; give --precision)", "log": "read from the log",
+        how = {"default": "assumed (not readable from the inputs; give --precision)", "log": "read from the log", "json": "read from the run's args",
                "given": "given"}.get(self.precision_source, self.precision_source)
         win = f"steps {self.window[0]}-{self.window[1]} ({self.judged_steps} judged)" if self.window else "no window"
-        return (f"precision {self.precision} ({how}); noise from {self.noise_source} (floor {self.floor_rel:.2%}, "
+        return (f"precision {self.precision} ({how}); noise from {self.noise_source} ({self.allowance} "
+                f"{self.floor_rel:.2%}, "
                 f"k {self.k_sigma:g}); change {self.change}; window {win}")
 
 
@@ -256,52 +264,95 @@ def _clean(curve: Curve) -> dict[int, float]:
 
 
 def build_envelope(baseline: Curve, runs: Sequence[tuple[str, str, Curve]] = (),
-                   config: NoiseConfig | None = None) -> NoiseEnvelope:
-    """The noise envelope from the baseline and other runs of its objective: (name, kind, curve) each."""
+                   config: NoiseConfig | None = None,
+                   candidate_runs: Sequence[tuple[str, Curve]] = ()) -> NoiseEnvelope:
+    """The noise envelope from the baseline and other runs of its objective: (name, kind, curve) each.
+
+    `candidate_runs`: (name, curve) runs of the *candidate's* recipe (its check run and its replicate check
+    run): they are paired with each other only, never with the baseline's runs, and their spread is added to
+    the noise model (kind `candidate_replicate`)."""
     cfg = config or NoiseConfig()
     base = _clean(baseline)
     named: list[tuple[str, str, dict[int, float]]] = [("baseline", "baseline", base)]
     named += [(n, k if k in ("replicate", "calibration", "environment") else "other", _clean(c)) for n, k, c in runs]
-    sources = [NoiseSource(name=n, kind=k, steps=len(c)) for n, k, c in named]  # type: ignore[arg-type]
+    cands = [(n, "candidate_replicate", _clean(c)) for n, c in candidate_runs]
+    sources = [NoiseSource(name=n, kind=k, steps=len(c)) for n, k, c in named + cands]  # type: ignore[arg-type]
     per_step: dict[int, list[float]] = {}
+    cand_step: dict[int, list[float]] = {}
     pairs: list[PairNoise] = []
-    for i in range(len(named)):
-        for j in range(i + 1, len(named)):
-            (na, _, a), (nb, _, b) = named[i], named[j]
-            common = sorted(set(a) & set(b))
-            if not common:
-                continue
-            rels = []
-            for s in common:
-                ref = base.get(s, b[s])
-                e = (a[s] - b[s]) / abs(ref) if ref != 0 else a[s] - b[s]
-                rels.append(e)
-                per_step.setdefault(s, []).append(e)
-            arr = np.asarray(rels)
-            pairs.append(PairNoise(a=na, b=nb, steps=len(common), max_abs_rel=float(np.max(np.abs(arr))),
-                                   rms_rel=float(np.sqrt(np.mean(arr ** 2))), identical=bool(np.all(arr == 0.0))))
+    for group, into in ((named, per_step), (cands, cand_step)):
+        for i in range(len(group)):
+            for j in range(i + 1, len(group)):
+                pair = _pair(base, group[i], group[j], into)
+                if pair is not None:
+                    pairs.append(pair)
+    sigma, samples = _pooled(per_step, cfg.window)
+    if cand_step:
+        # the candidate's own spread: var(candidate - baseline) = var_b + var_c, and a pair of runs of one
+        # recipe differs by 2 var, so u^2 = (u_baseline^2 + u_candidate^2) / 2 where the candidate's runs cover s
+        c_sigma, c_samples = _pooled(cand_step, cfg.window)
+        for s, uc in c_sigma.items():
+            sigma[s] = math.sqrt((sigma.get(s, 0.0) ** 2 + uc ** 2) / 2.0)
+            samples[s] = samples.get(s, 0) + c_samples[s]
+    keys = sorted(set(per_step) | set(cand_step))
+    deterministic = bool(pairs) and all(p.identical for p in pairs)
+    basis = _basis(pairs, deterministic, cfg.floor_rel, cfg.change, sigma, len(keys), sources)
+    return NoiseEnvelope(sources=sources, pairs=pairs, deterministic=deterministic, floor_rel=cfg.floor_rel,
+                         k_sigma=cfg.k_sigma, window=cfg.window, sigma_rel=sigma, samples=samples, basis=basis,
+                         allowance=allowance_name(cfg.change))
+
+
+def _pair(base: dict[int, float], x: tuple[str, str, dict[int, float]], y: tuple[str, str, dict[int, float]],
+          into: dict[int, list[float]]) -> PairNoise | None:
+    """One pair's relative differences per step (added to `into`), or None when they share no step."""
+    (na, _, a), (nb, _, b) = x, y
+    common = sorted(set(a) & set(b))
+    if not common:
+        return None
+    rels = []
+    for s in common:
+        ref = base.get(s, b[s])
+        e = (a[s] - b[s]) / abs(ref) if ref != 0 else a[s] - b[s]
+        rels.append(e)
+        into.setdefault(s, []).append(e)
+    arr = np.asarray(rels)
+    return PairNoise(a=na, b=nb, steps=len(common), max_abs_rel=float(np.max(np.abs(arr))),
+                     rms_rel=float(np.sqrt(np.mean(arr ** 2))), identical=bool(np.all(arr == 0.0)))
+
+
+def _pooled(per_step: dict[int, list[float]], window: int) -> tuple[dict[int, float], dict[int, int]]:
+    """Per step: the RMS of the differences at the logged steps within `window`, widened to its 95% upper bound."""
     keys = sorted(per_step)
     sigma: dict[int, float] = {}
     samples: dict[int, int] = {}
     for idx, s in enumerate(keys):
-        near = keys[max(0, idx - cfg.window): idx + cfg.window + 1]
+        near = keys[max(0, idx - window): idx + window + 1]
         vals = np.concatenate([np.asarray(per_step[t]) for t in near])
         sigma[s] = float(np.sqrt(np.mean(vals ** 2))) * upper_bound_factor(len(vals))
         samples[s] = len(vals)
-    deterministic = bool(pairs) and all(p.identical for p in pairs)
+    return sigma, samples
+
+
+def allowance_name(change: str) -> str:
+    """Which floor an envelope without spread falls back to: the layout allowance for a layout-only change
+    (`LAYOUT_FLOOR_BY_PRECISION`), the replicate-level floor otherwise (`FLOOR_BY_PRECISION`)."""
+    return "layout allowance" if change == "layout" else "replicate floor"
+
+
+def _basis(pairs: list[PairNoise], deterministic: bool, floor: float, change: str, sigma: dict[int, float],
+           n_steps: int, sources: list[NoiseSource]) -> str:
+    """The envelope's basis in words; with no spread (no pair, or bit-identical pairs) it names the fallback."""
+    fallback = f"the {allowance_name(change)} ({floor:.2%}, change {change})"
     if not pairs:
-        basis = f"no other run of the baseline's objective: the envelope is the floor alone ({cfg.floor_rel:.2%})"
-    elif deterministic:
-        basis = (f"{len(pairs)} pair(s) of same-objective runs reproduce the baseline's losses exactly "
-                 f"(deterministic): the envelope is the floor ({cfg.floor_rel:.2%})")
-    else:
-        peak = max(p.max_abs_rel for p in pairs)
-        typical = float(np.sqrt(np.mean([v ** 2 for v in sigma.values()])))
-        basis = (f"{len(pairs)} pair(s) of same-objective runs over {len(keys)} step(s) "
-                 f"({', '.join(sorted({x.kind for x in sources if x.kind != 'baseline'}))}): "
-                 f"they differ by {typical:.3%} RMS, at most {peak:.3%}; floor {cfg.floor_rel:.2%}")
-    return NoiseEnvelope(sources=sources, pairs=pairs, deterministic=deterministic, floor_rel=cfg.floor_rel,
-                         k_sigma=cfg.k_sigma, window=cfg.window, sigma_rel=sigma, samples=samples, basis=basis)
+        return f"no other run of the baseline's objective: the envelope is the floor alone, {fallback}"
+    if deterministic:
+        return (f"{len(pairs)} pair(s) of same-objective runs reproduce the baseline's losses exactly "
+                f"(deterministic): zero spread, so the envelope is the floor, {fallback}")
+    peak = max(p.max_abs_rel for p in pairs)
+    typical = float(np.sqrt(np.mean([v ** 2 for v in sigma.values()])))
+    return (f"{len(pairs)} pair(s) of same-objective runs over {n_steps} step(s) "
+            f"({', '.join(sorted({x.kind for x in sources if x.kind != 'baseline'}))}): "
+            f"they differ by {typical:.3%} RMS, at most {peak:.3%}; floor {floor:.2%} ({allowance_name(change)})")
 
 
 def upper_bound_factor(n: int, z: float = 1.645) -> float:
@@ -435,7 +486,7 @@ def _noise_source(env: NoiseEnvelope) -> str:
 
 def _assumptions(cfg: NoiseConfig, env: NoiseEnvelope, judged: list[int]) -> Assumptions:
     return Assumptions(precision=cfg.precision, precision_source=cfg.precision_source, noise_source=_noise_source(env),
-                       floor_rel=env.floor_rel, k_sigma=env.k_sigma, change=cfg.change,
+                       floor_rel=env.floor_rel, allowance=env.allowance, k_sigma=env.k_sigma, change=cfg.change,
                        window=[judged[0], judged[-1]] if judged else [], judged_steps=len(judged))
 
 
@@ -455,8 +506,13 @@ def check_noise_aware(baseline: Curve, candidate: Curve, envelope: NoiseEnvelope
     gap over the last third of the window (drift and divergence), not every step's envelope."""
     cfg = config or NoiseConfig()
     env = envelope or build_envelope(baseline, (), cfg)
-    if cfg.floor_rel > env.floor_rel:  # an envelope built for another change class: this check's floor counts
-        env = env.model_copy(update={"floor_rel": cfg.floor_rel})
+    if cfg.floor_rel != env.floor_rel or env.allowance != allowance_name(cfg.change):
+        # an envelope built for another change class or precision: this check's floor counts, and the words say so
+        floor = max(cfg.floor_rel, env.floor_rel)  # never narrower than what either says
+        change = cfg.change if floor == cfg.floor_rel else ("layout" if env.allowance == allowance_name("layout")
+                                                              else "unknown")
+        env = env.model_copy(update={"floor_rel": floor, "allowance": allowance_name(change), "basis": _basis(
+            env.pairs, env.deterministic, floor, change, env.sigma_rel, len(env.sigma_rel), env.sources)})
     k = env.k_sigma
     notes: list[str] = []
     base, cand = _clean(baseline), _clean(candidate)

@@ -68,6 +68,7 @@ class PairVerdict(BaseModel):
     mean_rel_diff: float | None = None
     same_sign_share: float | None = None
     assumed: str
+    layer1_class: str | None = None  # what layer 1 makes of the cases' arguments (None: the corpus has none)
 
 
 def load(path: Path = DATA) -> dict[str, Any]:
@@ -75,7 +76,8 @@ def load(path: Path = DATA) -> dict[str, Any]:
 
 
 Curve = dict[int, float | None]
-Pair = tuple[str, str, str, Curve, Curve, list[tuple[str, str, Curve]], str]
+# (kind, baseline, candidate, baseline curve, candidate curve, envelope runs, precision, layer 1's class or None)
+Pair = tuple[str, str, str, Curve, Curve, list[tuple[str, str, Curve]], str, str | None]
 
 
 def _curve(doc: Mapping[str, Any], case: str, env: str) -> Curve:
@@ -98,13 +100,24 @@ def pairs(doc: Mapping[str, Any]) -> list[tuple[str, str, str, str, str]]:
     return out
 
 
+def layer1_class(doc: Mapping[str, Any], a: str, b: str) -> str:
+    """What `attune gate converge` without --change does with these cases given as JSON runs (their arguments
+    and environment): layer 1 on the `megatron` list classes the change layout, objective or unknown."""
+    from gate.config_check import check_recipe
+    from gate.lists import load_list
+
+    ca, cb = doc["cases"][a], doc["cases"][b]
+    return check_recipe(load_list("megatron"), ca["args"], cb["args"], ca.get("env_vars") or {},
+                        cb.get("env_vars") or {}).objective_class()
+
+
 def _megatron_pairs(doc: Mapping[str, Any]) -> list[Pair]:
     out: list[Pair] = []
     for kind, a, ea, b, eb in pairs(doc):
         reps = [(f"{a}@{e}", "environment", _curve(doc, a, e)) for e in sorted(doc["cases"][a]["curves"])
                 if e not in (ea, eb)]
         out.append((kind, a, b if ea == eb else f"{b}@{eb}", _curve(doc, a, ea), _curve(doc, b, eb), reps,
-                    precision_of(doc["cases"][a]["args"])))
+                    precision_of(doc["cases"][a]["args"]), layer1_class(doc, a, b)))
     return out
 
 
@@ -113,7 +126,7 @@ def _torchtitan_pairs(doc: Mapping[str, Any]) -> list[Pair]:
         return {int(k): v for k, v in doc["cases"][key]["lm_loss"].items()}
     # the CI runs in deterministic mode and asserts bitwise-equal losses: replicates are identical
     return [(p["kind"], p["baseline"], p["candidate"], c(p["baseline"]), c(p["candidate"]),
-             [("replicate (deterministic CI)", "replicate", c(p["baseline"]))], "bf16") for p in doc["pairs"]]
+             [("replicate (deterministic CI)", "replicate", c(p["baseline"]))], "bf16", None) for p in doc["pairs"]]
 
 
 def corpus_pairs(name: str) -> list[Pair]:
@@ -122,7 +135,7 @@ def corpus_pairs(name: str) -> list[Pair]:
 
 
 def _judge_row(corpus: str, pair: Pair, cut_name: str, last: int | None, mode: str) -> PairVerdict:
-    kind, a, b, base0, cand0, reps0, precision = pair
+    kind, a, b, base0, cand0, reps0, precision, klass = pair
     base, cand = _cut(base0, last), _cut(cand0, last)
     common_last = min(max(base), max(cand))
     base, cand = _cut(base, common_last), _cut(cand, common_last)  # compare the steps both cover
@@ -140,7 +153,8 @@ def _judge_row(corpus: str, pair: Pair, cut_name: str, last: int | None, mode: s
         noise_aware=na.passed, noise_aware_why="pass" if na.passed else ", ".join(na.failed_checks or ["data"]),
         gate=g.passed, max_rel_diff=max(rels) if rels else None,
         mean_rel_diff=float(np.mean(signed)) if signed else None,
-        same_sign_share=max(pos, len(signed) - pos) / len(signed) if signed else None, assumed=na.assumed())
+        same_sign_share=max(pos, len(signed) - pos) / len(signed) if signed else None, assumed=na.assumed(),
+        layer1_class=klass)
 
 
 def evaluate(corpora: list[str] | None = None) -> list[PairVerdict]:
@@ -153,35 +167,52 @@ def evaluate(corpora: list[str] | None = None) -> list[PairVerdict]:
     return rows
 
 
+def _rejected(rows: list[PairVerdict], same_objective: bool, mode: str | None = None, reference: bool = False) -> int:
+    """How many of `rows` (same-objective or objective pairs, judged in `mode`; None: as layer 1 classes them)
+    are rejected, by layer 2 or (reference=True) by the reference rule alone."""
+    sel = [r for r in rows if r.same_objective == same_objective
+           and r.mode == (mode or ("layout" if r.layer1_class == "layout" else "strict"))]
+    return sum(not (r.reference if reference else r.gate) for r in sel)
+
+
 def headline(rows: list[PairVerdict]) -> list[dict[str, Any]]:
     """Per corpus and cut: same-objective pairs rejected (judged as layer 1 classes them: layout) and
-    objective pairs rejected (layout mode: the backstop's worst case; strict mode in brackets)."""
+    objective pairs rejected (layout mode: the backstop's worst case; strict mode in brackets). The `_layer1`
+    figures judge each pair in the mode layer 1 gives from the cases' own arguments (what `attune gate converge`
+    without --change does): layout where it classes the change layout, strict otherwise (no arguments, no
+    change seen, an objective change)."""
     out = []
     for corpus in dict.fromkeys(r.corpus for r in rows):
         for cut in CUTS:
             sel = [r for r in rows if r.corpus == corpus and r.cut == cut]
-            legit = [r for r in sel if r.same_objective and r.mode == "layout"]
-            obj = [r for r in sel if not r.same_objective and r.mode == "layout"]
-            obj_s = [r for r in sel if not r.same_objective and r.mode == "strict"]
-            legit_s = [r for r in sel if r.same_objective and r.mode == "strict"]
+            layout_rows = [r for r in sel if r.mode == "layout"]
             out.append({"corpus": corpus, "role": CORPORA[corpus][1], "cut": cut,
-                        "legit_pairs": len(legit), "legit_rejected": sum(not r.gate for r in legit),
-                        "legit_rejected_strict": sum(not r.gate for r in legit_s),
-                        "objective_pairs": len(obj), "objective_rejected": sum(not r.gate for r in obj),
-                        "objective_rejected_strict": sum(not r.gate for r in obj_s),
-                        "objective_rejected_reference": sum(not r.reference for r in obj)})
+                        "legit_pairs": sum(r.same_objective for r in layout_rows),
+                        "legit_rejected": _rejected(sel, True, "layout"),
+                        "legit_rejected_strict": _rejected(sel, True, "strict"),
+                        "objective_pairs": sum(not r.same_objective for r in layout_rows),
+                        "objective_rejected": _rejected(sel, False, "layout"),
+                        "objective_rejected_strict": _rejected(sel, False, "strict"),
+                        "objective_rejected_reference": _rejected(sel, False, "layout", reference=True),
+                        "legit_rejected_layer1": _rejected(sel, True),
+                        "objective_rejected_layer1": _rejected(sel, False),
+                        "legit_layer1_layout": sum(r.same_objective and r.layer1_class == "layout"
+                                                   for r in layout_rows)})
     return out
 
 
 def format_headline(rows: list[PairVerdict]) -> str:
     lines = ["| corpus | role | cut | same-objective rejected (layout mode) | same-objective rejected (strict) | "
-             "objective rejected (layout mode) | objective rejected (strict) | objective rejected (reference rule) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "objective rejected (layout mode) | objective rejected (strict) | objective rejected (reference rule) | "
+             "same-objective rejected (layer 1 classes; layout-classed) | objective rejected (layer 1 classes) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for h in headline(rows):
         n, m = h["legit_pairs"], h["objective_pairs"]
         lines.append(f"| {h['corpus']} | {h['role']} | {h['cut']} | {h['legit_rejected']}/{n} | "
                      f"{h['legit_rejected_strict']}/{n} | {h['objective_rejected']}/{m} | "
-                     f"{h['objective_rejected_strict']}/{m} | {h['objective_rejected_reference']}/{m} |")
+                     f"{h['objective_rejected_strict']}/{m} | {h['objective_rejected_reference']}/{m} | "
+                     f"{h['legit_rejected_layer1']}/{n} ({h['legit_layer1_layout']}) | "
+                     f"{h['objective_rejected_layer1']}/{m} |")
     return "\n".join(lines)
 
 

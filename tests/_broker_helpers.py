@@ -31,6 +31,7 @@ args:
   fake_fail_at: {class: structural, why: 'the step where it misbehaves'}
   fake_variant: {class: structural, why: 'does nothing: makes recipes distinct'}
   fake_loss_drift: {class: structural, why: 'listed as structural on purpose: a stand-in for a code fault only the convergence check sees'}
+  fake_loss_jitter: {class: structural, why: 'a stand-in for a nondeterministic stack (run-to-run loss noise)'}
   lr: {class: numeric, why: 'the learning rate changes the objective'}
   seq_length: {class: numeric, why: 'the row length is the workload'}
   global_batch_size: {class: numeric, why: 'the batch is the workload'}

@@ -10,6 +10,9 @@ and can misbehave on request, as real jobs do:
     --fake-mode infra  report an NCCL system error (a network or host fault) at that step and exit 1
     --fake-loss-drift  a stand-in for a code fault that the configuration check cannot see: the loss
                        curve drifts away from the baseline's (the convergence check should reject it)
+    --fake-loss-jitter a stand-in for a nondeterministic stack: each logged loss is off by a relative
+                       Gaussian error of this size, drawn from a seed of the run's directory (two runs of
+                       the same recipe differ, one run is reproducible)
 
 It imports only the standard library, so it starts in milliseconds (real PyTorch runs use tinygpt),
 and it logs its nominal step time (it does sleep that long), so its throughput does not depend on
@@ -40,6 +43,8 @@ def main() -> int:
     p.add_argument("--fake-variant", type=int, default=0, help="does nothing: makes recipes distinct")
     p.add_argument("--fake-loss-drift", type=float, default=0.0,
                    help="a stand-in for a code fault: the loss decays slower by this much per step")
+    p.add_argument("--fake-loss-jitter", type=float, default=0.0,
+                   help="relative Gaussian error on each logged loss, seeded by the run directory")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--run-dir", default=None)
     p.add_argument("--profile", action="store_true")
@@ -59,6 +64,10 @@ def main() -> int:
         print(f"  {name} {'.' * (48 - len(name))} {args[name]}")
     print("-------------------- end of arguments ---------------------", flush=True)
     loss = 10.0
+    import hashlib
+    import random
+
+    jitter = random.Random(hashlib.sha256(os.path.basename(str(a.run_dir)).encode()).hexdigest())
     for it in range(1, a.train_iters + 1):
         step = it - 1
         if a.fake_mode != "ok" and step == a.fake_fail_at:
@@ -83,7 +92,8 @@ def main() -> int:
             f" consumed samples: {it * a.global_batch_size:12d} |"
             f" elapsed time per iteration (ms): {ms:.1f} |"
             f" learning rate: {a.lr:.6E} | global batch size: {a.global_batch_size:5d} |"
-            f" lm loss: {loss:.6E} | loss scale: 1.0 | grad norm: 0.812 |"
+            f" lm loss: {loss * (1.0 + a.fake_loss_jitter * jitter.gauss(0.0, 1.0)):.6E} | loss scale: 1.0 |"
+            f" grad norm: 0.812 |"
             f" number of skipped iterations:   0 | number of nan iterations:   0 |",
             flush=True,
         )

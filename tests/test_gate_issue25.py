@@ -134,3 +134,16 @@ def test_held_out_catches_do_not_fall_below_the_gate_before_issue_25():
         assert head[key]["legit_rejected"] <= before_legit_rejected[key], key
     printed = realcurves.format_rows([r for r in rows if r.corpus == "torchtitan"][:4])
     assert "mean diff" in printed and "same sign" in printed and printed.count("\n") == 5
+
+
+def test_held_out_megatron_pairs_judged_as_layer1_classes_their_arguments():
+    """`attune gate converge` without --change on these cases given as JSON runs: layer 1 classes the change
+    from their arguments; no corpus rejects more legitimate pairs than before issue 25, none catches fewer."""
+    rows = realcurves.evaluate(["megatron-lm-2024"])
+    head = {h["cut"]: h for h in realcurves.headline(rows)}
+    for cut, caught in (("20 steps", 17), ("all steps", 15)):
+        h = head[cut]
+        assert h["legit_rejected_layer1"] == 0 and h["objective_rejected_layer1"] >= caught, h
+        assert h["legit_layer1_layout"] >= 30  # most layout pairs are classed layout by layer 1
+    assert {r.layer1_class for r in rows if not r.same_objective} == {"objective"}
+    assert {r.layer1_class for r in rows if r.kind == "environment"} == {"unknown"}  # same recipe: no change

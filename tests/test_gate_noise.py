@@ -182,3 +182,29 @@ def test_property_flat_noise_is_never_a_correlation_reject(level, rel_noise, n, 
     assert not any(r.startswith("reference: correlation") for r in g.reasons)
     if "correlation" in g.reference.failed_checks:
         assert any(e.check == "correlation" for e in g.excused)
+
+
+def test_zero_spread_falls_back_to_the_layout_allowance_or_the_floor_and_says_which() -> None:
+    """Bit-identical replicates (a deterministic stack): the envelope is the layout allowance for a layout-only
+    change and the replicate floor otherwise, and the verdict's assumptions and basis say which."""
+    from gate.noise import FLOOR_BY_PRECISION, LAYOUT_FLOOR_BY_PRECISION, check_noise_aware, config_for
+
+    base = {s: 10.0 - 0.1 * s for s in range(1, 41)}
+    reps = [("r1", "replicate", dict(base)), ("r2", "replicate", dict(base))]
+    cand = {s: v * 1.006 for s, v in base.items()}
+    for change, floor, word in (("layout", LAYOUT_FLOOR_BY_PRECISION["bf16"], "layout allowance"),
+                                ("unknown", FLOOR_BY_PRECISION["bf16"], "replicate floor")):
+        cfg = config_for("bf16", "given", change=change)
+        env = build_envelope(base, reps, cfg)
+        assert env.deterministic and env.allowance == word
+        assert word in env.basis and "zero spread" in env.basis and f"{floor:.2%}" in env.basis
+        res = check_noise_aware(base, cand, env, cfg)
+        assert res.assumptions is not None
+        assert res.assumptions.noise_source == "deterministic"
+        assert res.assumptions.allowance == word and res.assumptions.floor_rel == floor
+        assert word in res.assumed()
+    # an envelope built for another class: the check's own class decides the floor and the words
+    env_u = build_envelope(base, reps, config_for("bf16", "given"))
+    res = check_noise_aware(base, cand, env_u, config_for("bf16", "given", change="layout"))
+    assert res.envelope.allowance == "layout allowance" and res.envelope.floor_rel == LAYOUT_FLOOR_BY_PRECISION["bf16"]
+    assert "layout allowance" in res.envelope.basis

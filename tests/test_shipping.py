@@ -168,3 +168,82 @@ def test_a_finished_check_run_is_judged_and_a_remeasurement_recorded_before_anyt
     assert shipping.remeasurement_row(st.runs["r3-re"]) == {
         "run_id": "r3-re", "recipe_of": "baseline", "tokens_per_s_per_gpu": 900.0, "valid": True,
         "invalid_reasons": []}
+
+
+def test_a_borderline_check_asks_for_one_replicate_of_the_candidate_then_judges_it_again() -> None:
+    """The policy alone: a rejected check within the margin gets ONE replicate check run (a ShipAction of its
+    own), the finished replicate is judged again, and no candidate ever gets a second one."""
+    from attune.core.state import CampaignState, RunState
+    from attune.core.vocab import ShipAction
+
+    st = CampaignState(name="c", stop={"seq": 1})
+    edge = {"borderline": True, "ratio": 1.2, "why": "trend 1.20x its limit"}
+    verdict = {"run_id": "r5-check", "candidate_run_id": "r4", "passed": False, "borderline": edge}
+    a = shipping.borderline_replicate(st, "r4", verdict)
+    assert a is not None and (a.kind, a.of) == (ShipAction.CHECK_REPLICATE, "r4") and "borderline" in a.reason
+    assert a.kind == "check_replicate"  # a StrEnum: the plan's words are unchanged strings
+    # not borderline, or passed: no replicate
+    assert shipping.borderline_replicate(st, "r4", {**verdict, "borderline": {**edge, "borderline": False}}) is None
+    assert shipping.borderline_replicate(st, "r4", {**verdict, "passed": True}) is None
+    # admitted and finished: judged again (rejudge), never judged as a check of its own
+    st.runs["r6-rep"] = RunState("r6-rep", "check", status="finished", outcome="ok", base_run_id="r4",
+                                 purpose="replicate")
+    assert shipping.unjudged_check(st) is None
+    a = shipping.plan(st)
+    assert (a.kind, a.of) == (ShipAction.REJUDGE, "r6-rep") and shipping.status(st)["phase"] == "checking"
+    # one per candidate: with a replicate run, or a refused one, none more
+    assert shipping.borderline_replicate(st, "r4", verdict) is None
+    st.checks.append({"run_id": "r6-rep", "candidate_run_id": "r4", "replicate_run_id": "r6-rep", "passed": False,
+                      "borderline": edge})
+    assert shipping.unjudged_replicate(st) is None
+    assert shipping.borderline_replicate(st, "r4", st.checks[-1]) is None
+    st2 = CampaignState(name="c", stop={"seq": 1})
+    st2.refusals.append({"kind": "check", "of": "r4", "purpose": "replicate", "code": "budget", "reason": "x"})
+    assert shipping.borderline_replicate(st2, "r4", verdict) is None
+
+
+def test_a_borderline_candidate_gets_one_replicate_check_run_paid_from_the_reserve(tmp_path: Path) -> None:
+    """A campaign on the stand-in trainer: the fastest candidate drifts just past the envelope on a noisy stack
+    (its check is borderline); shipping admits ONE replicate check run of it through the admission pipeline,
+    paid from the check reserve, and judges it again with the candidate's own spread in the noise model."""
+    from attune.control.plane import Control, FinalRunRequest
+
+    d = make_campaign(tmp_path, budget=BUDGET)
+    h = CampaignHandle(d)
+    calibrate(h)
+    cand = _search(h, **{"--fake-step-ms": 10, "--fake-loss-drift": 0.00025, "--fake-loss-jitter": 0.001})
+    settle(h)
+    record_stop(d, ["step"], "the step time is the only lever")
+    _ship(h, timeout_s=120)
+    st = h.state()
+    verdicts = [c for c in st.checks if c["candidate_run_id"] == cand]
+    assert len(verdicts) == 2, verdicts
+    first, again = verdicts
+    assert not first["passed"] and first["layer1"]["passed"] and first["borderline"]["borderline"], first
+    assert 1.0 < first["borderline"]["ratio"] <= 1.5
+    reps = shipping.candidate_replicates(st, cand)
+    assert len(reps) == 1 and reps[0].status == "finished"
+    rep = reps[0]
+    assert again["replicate_run_id"] == rep.run_id and again["replicate_of"] == first["run_id"]
+    assert again["replicate"]["why"] == first["borderline"]["why"] and again["replicate"]["candidate_spread_rms"] > 0
+    assert first["run_id"] in again["convergence"]["noise_aware"]["noise_runs"]
+    assert rep.run_id in again["convergence_replicate"]["noise_aware"]["noise_runs"]
+    assert "candidate_replicate" in again["convergence"]["noise_aware"]["envelope"]
+    # the ledger says why: the admission row names the replicate and the borderline check
+    admitted = [r.data for r in rows(d, "launch_admitted") if r.data["run_id"] == rep.run_id]
+    assert admitted and admitted[0]["purpose"] == "replicate" and "borderline" in admitted[0]["hypothesis"]
+    # paid from the check reserve: every check run, the replicate included, is charged to it
+    check_runs = [r for r in st.runs.values() if r.kind == "check"]
+    assert sorted(r.base_run_id or "" for r in check_runs) == sorted(["baseline"] * 3 + [cand, cand])
+    assert st.budget.reserve_used == pytest.approx(sum(r.charge_gpu_hours for r in check_runs))
+    # its verdict decides: with its own spread the candidate passes and ships
+    assert again["passed"], again["reason"]
+    assert st.shipped is not None and st.shipped["run_id"] == cand
+    # never a second one: the admission pipeline refuses it, and the ledger records why
+    out = Control(d).admit(FinalRunRequest(kind="check", of=cand, replicate=True))
+    assert not out.admitted and out.code == "replicate_done" and "already had its one replicate" in out.reason
+    refused = [r.data for r in rows(d, "launch_refused")][-1]
+    assert refused["purpose"] == "replicate" and refused["of"] == cand
+    # a "replicate" of the baseline is no candidate replicate: refused by the same pipeline
+    out = Control(d).admit(FinalRunRequest(kind="check", of="baseline", replicate=True))
+    assert not out.admitted and out.code == "bad_request"

@@ -128,6 +128,8 @@ class FinalRunRequest(BaseModel):
 
     kind: Literal["check", "remeasure"]
     of: str = Field(min_length=1, max_length=200)
+    replicate: bool = Field(False, description=(
+        "a candidate's one replicate check run, asked for when its check was borderline (`rule_one_replicate`)"))
 
     @property
     def profile(self) -> bool:
@@ -137,7 +139,8 @@ class FinalRunRequest(BaseModel):
 def _refused_fields(request: LaunchRequest | FinalRunRequest, decision: LaunchAnswer) -> dict[str, Any]:
     """The `launch_refused` row's fields that come from the request."""
     if isinstance(request, FinalRunRequest):
-        return {"changes": None, "lever": None, "hypothesis": None, "profile": False, "of": request.of}
+        return {"changes": None, "lever": None, "hypothesis": None, "profile": False, "of": request.of,
+                **({"purpose": "replicate"} if request.replicate else {})}
     return {"items": list(decision.items), "changes": request.changes, "lever": request.lever,
             "hypothesis": request.hypothesis, "profile": request.profile}
 
@@ -421,9 +424,11 @@ class Control:
         """The `launch_admitted` row's fields that come from the request."""
         if isinstance(request, FinalRunRequest):
             what = "correctness check" if request.kind == RunKind.CHECK else "final re-measurement"
+            if request.replicate:
+                what = "replicate correctness check (the check was borderline)"
             return {"hypothesis": f"{what} of {request.of}", "lever": None, "expected_gain": None, "profile": False,
                     "code_locations": {}, "base_run_id": request.of, "prune_below": None,
-                    "steps": self._final_steps(request.kind)}
+                    "steps": self._final_steps(request.kind), **({"purpose": "replicate"} if request.replicate else {})}
         return {"hypothesis": request.hypothesis, "lever": request.lever, "expected_gain": request.expected_gain,
                 "profile": request.profile, "code_locations": dict(request.code_locations),
                 "base_run_id": request.base if request.kind == RunKind.SEARCH else "baseline",
@@ -432,7 +437,8 @@ class Control:
     def _job_request(self, request: RunRequest) -> dict[str, Any]:
         """The request as runs/<id>/job.json records it."""
         if isinstance(request, FinalRunRequest):
-            return {"kind": request.kind, "of": request.of, "steps": self._final_steps(request.kind)}
+            return {"kind": request.kind, "of": request.of, "steps": self._final_steps(request.kind),
+                    **({"replicate": True} if request.replicate else {})}
         return request.model_dump()
 
     def _with_workload_python(self, job: JobSpec) -> JobSpec:
@@ -844,6 +850,27 @@ def rule_final_candidate(ctx: AdmitContext) -> Refusal | None:
     return None
 
 
+def rule_one_replicate(ctx: AdmitContext) -> Refusal | None:
+    """A candidate's replicate check run: only of a candidate whose check verdict is recorded and borderline
+    (`borderline.borderline` in its `check_run` row), and only one per candidate, ever."""
+    req, state = ctx.final, ctx.state
+    if not req.replicate:
+        return None
+    if req.kind != RunKind.CHECK or req.of == "baseline":
+        return Refusal("bad_request", "a replicate check run is of a candidate (the baseline's replicates are "
+                       "gate.replicate_check_runs)")
+    earlier = [r.run_id for r in state.runs.values()
+               if r.kind == RunKind.CHECK and r.base_run_id == req.of and r.purpose == "replicate"]
+    if earlier or any(x.get("of") == req.of and x.get("purpose") == "replicate" for x in state.refusals):
+        return Refusal("replicate_done", f"{req.of} already had its one replicate check run "
+                       f"({', '.join(earlier) or 'refused'})")
+    rows = [c for c in state.checks if c.get("candidate_run_id") == req.of]
+    if not rows or rows[-1].get("passed") or not (rows[-1].get("borderline") or {}).get("borderline"):
+        return Refusal("bad_request", f"no borderline check verdict of {req.of}: a replicate is asked for only "
+                       "where a check is borderline")
+    return None
+
+
 def rule_one_lever(ctx: AdmitContext) -> Refusal | None:
     """The skill's search rules (attune.control.search_rules); a profiled re-run of a recipe is no new candidate."""
     if ctx.agent.profile and ctx.edits.empty:
@@ -959,6 +986,7 @@ ADMISSION_RULES: tuple[tuple[AdmissionRule, frozenset[RunKind]], ...] = (
     (rule_search_open, _SEARCH),
     (rule_search_candidate, _SEARCH),
     (rule_final_candidate, FINAL_KINDS),
+    (rule_one_replicate, frozenset({RunKind.CHECK})),
     (rule_one_lever, _SEARCH),
     (rule_gate, AGENT_KINDS),
     (rule_code_locations, _SEARCH),

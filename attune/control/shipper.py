@@ -37,7 +37,7 @@ def advance(control: Control, backend: Any = None) -> LaunchAnswer | None:
     finish the evidence. Returns None when no run is to be submitted."""
     for _ in range(MAX_STEPS):
         action = shipping.plan(control.state())
-        if action.kind not in (ShipAction.JUDGE, ShipAction.RECORD):
+        if action.kind not in (ShipAction.JUDGE, ShipAction.REJUDGE, ShipAction.RECORD):
             break
         assert action.of is not None
         record(control, action)  # False: another writer recorded it first; plan again either way
@@ -46,6 +46,10 @@ def advance(control: Control, backend: Any = None) -> LaunchAnswer | None:
     if action.kind in ("check", "remeasure"):
         assert action.of is not None
         decision = control.admit(FinalRunRequest(kind=action.kind, of=action.of))
+        return decision if decision.admitted else None
+    if action.kind == ShipAction.CHECK_REPLICATE:
+        assert action.of is not None
+        decision = control.admit(FinalRunRequest(kind="check", of=action.of, replicate=True))
         return decision if decision.admitted else None
     if action.kind == ShipAction.SHIP:
         assert action.of is not None
@@ -73,6 +77,12 @@ def record(control: Control, action: shipping.Action) -> bool:
             if run is None or run.run_id != action.of:
                 return False
             control.ledger.append("check_run", evaluate_check(control, state, run, shipping.reference_run(state)))
+            return True
+        if action.kind == ShipAction.REJUDGE:
+            rep = shipping.unjudged_replicate(state)
+            if rep is None or rep.run_id != action.of:
+                return False
+            control.ledger.append("check_run", evaluate_replicate(control, state, rep))
             return True
         run = shipping.unrecorded_remeasurement(state)
         if run is None or run.run_id != action.of:
@@ -113,11 +123,41 @@ def _job_env(control: Control, run_id: str) -> dict[str, str]:
         return {}
 
 
+def _layer1(control: Control, state: CampaignState, loaded: Any, ref: RunState,
+            run: RunState) -> tuple[dict[str, Any], str]:
+    """Layer 1 on the two check runs' resolved arguments and environment, and the change class it gives."""
+    from gate.config_check import check_resolved
+
+    b_res = _resolved_args(state, control.run_dir(ref.run_id) / RUN_LOG)
+    c_res = _resolved_args(state, control.run_dir(run.run_id) / RUN_LOG)
+    if not c_res or not b_res:
+        return {"passed": False, "summary": "no resolved arguments block in the check run's log", "refusals": []}, \
+            "unknown"
+    r1 = check_resolved(loaded, b_res, c_res, _job_env(control, ref.run_id), _job_env(control, run.run_id))
+    return ({"passed": r1.passed, "summary": r1.summary(), "refusals": [x.model_dump() for x in r1.refusals],
+             "list_sha256": r1.list_sha256}, r1.change_class())
+
+
+def _noise_runs(control: Control, state: CampaignState) -> list[tuple[str, str, dict[int, float | None]]]:
+    """The baseline's replicate check runs and its calibration runs (replicates of the baseline): their spread
+    is the noise envelope."""
+    runs = [(r.run_id, "replicate", _losses(state, control.run_dir(r.run_id) / RUN_LOG))
+            for r in shipping.replicate_runs(state)]
+    runs += [(rid, "calibration", _losses(state, control.run_dir(rid) / RUN_LOG)) for rid in state.calibration_run_ids]
+    return [x for x in runs if x[2]]
+
+
+def _reason(l1: dict[str, Any], conv: dict[str, Any]) -> str:
+    if l1["passed"] and conv["passed"]:
+        return "passed both layers"
+    return "; ".join(x for x in (None if l1["passed"] else f"layer 1: {l1['summary']}",
+                                 None if conv["passed"] else f"convergence: {conv['summary']}") if x)
+
+
 def evaluate_check(control: Control, state: CampaignState, run: RunState, ref: RunState | None) -> dict[str, Any]:
     """The gate's verdict on one candidate's check run, against the baseline's reference run."""
-    from gate.config_check import check_resolved
     from gate.convergence import loss_deviation
-    from gate.judge import judge
+    from gate.judge import borderline, judge
     from gate.lists import ListError
     from gate.noise import config_for, precision_from
 
@@ -127,37 +167,72 @@ def evaluate_check(control: Control, state: CampaignState, run: RunState, ref: R
         return {**data, "passed": False, "reason": f"the check run did not finish well ({run.outcome}: {run.reason})"}
     if ref is None:
         return {**data, "passed": False, "reason": "no reference run of the baseline"}
-    cand_log = control.run_dir(run.run_id) / RUN_LOG
-    ref_log = control.run_dir(ref.run_id) / RUN_LOG
     try:
         loaded = load_gate_list(control.spec, control.dir, state.list_sha256)
     except (ListError, OSError) as exc:
         return {**data, "passed": False, "reason": f"the correctness list cannot be used: {exc}"}
-    b_res, c_res = _resolved_args(state, ref_log), _resolved_args(state, cand_log)
-    if not c_res or not b_res:
-        l1: dict[str, Any] = {"passed": False, "summary": "no resolved arguments block in the check run's log",
-                              "refusals": []}
-        change = "unknown"
-    else:
-        r1 = check_resolved(loaded, b_res, c_res, _job_env(control, ref.run_id), _job_env(control, run.run_id))
-        change = r1.change_class()
-        l1 = {"passed": r1.passed, "summary": r1.summary(), "refusals": [x.model_dump() for x in r1.refusals],
-              "list_sha256": r1.list_sha256}
-    b_curve, c_curve = _losses(state, ref_log), _losses(state, cand_log)
-    noise_runs = [(r.run_id, "replicate", _losses(state, control.run_dir(r.run_id) / RUN_LOG))
-                  for r in shipping.replicate_runs(state)]
-    noise_runs += [(rid, "calibration", _losses(state, control.run_dir(rid) / RUN_LOG))
-                   for rid in state.calibration_run_ids]
+    l1, change = _layer1(control, state, loaded, ref, run)
+    ref_log = control.run_dir(ref.run_id) / RUN_LOG
+    b_curve, c_curve = _losses(state, ref_log), _losses(state, control.run_dir(run.run_id) / RUN_LOG)
+    noise_runs = _noise_runs(control, state)
     # the calibration runs are replicates of the baseline: their spread, with the replicate check runs', is
     # the noise envelope; layer 1's class of the change decides how the curve is judged
-    g = judge(b_curve, c_curve, replicates=[x for x in noise_runs if x[2]],
-              noise_config=config_for(*precision_from(b_res), change=change))
-    conv = _convergence_record(g, loss_deviation(b_curve, c_curve), [x[0] for x in noise_runs if x[2]])
+    g = judge(b_curve, c_curve, replicates=noise_runs,
+              noise_config=config_for(*precision_from(_resolved_args(state, ref_log)), change=change))
+    conv = _convergence_record(g, loss_deviation(b_curve, c_curve), [x[0] for x in noise_runs])
     passed = bool(l1["passed"] and conv["passed"])
-    reason = "passed both layers" if passed else "; ".join(
-        x for x in (None if l1["passed"] else f"layer 1: {l1['summary']}",
-                    None if conv["passed"] else f"convergence: {conv['summary']}") if x)
-    return {**data, "passed": passed, "reason": reason, "layer1": l1, "convergence": conv}
+    # borderline: only where layer 1 passed (a replicate cannot change a refused argument)
+    edge = borderline(g) if l1["passed"] else {"borderline": False, "why": "layer 1 refuses"}
+    return {**data, "passed": passed, "reason": _reason(l1, conv), "layer1": l1, "convergence": conv,
+            "change": change, "borderline": edge}
+
+
+def evaluate_replicate(control: Control, state: CampaignState, rep: RunState) -> dict[str, Any]:
+    """The gate's verdict on a candidate judged again with its ONE replicate check run (its check was
+    borderline): the candidate's check run and its replicate are each judged against the baseline's reference
+    with the candidate's own spread (the pair of them) added to the noise model; it passes only if both pass."""
+    from gate.convergence import loss_deviation
+    from gate.judge import judge
+    from gate.lists import ListError
+    from gate.noise import config_for, precision_from
+
+    cand = str(rep.base_run_id)
+    first = next((c for c in state.checks if c.get("candidate_run_id") == cand and not c.get("replicate_run_id")), {})
+    ref = shipping.reference_run(state)
+    data: dict[str, Any] = {"run_id": rep.run_id, "candidate_run_id": cand, "replicate_run_id": rep.run_id,
+                            "replicate_of": first.get("run_id"), "baseline_check_run_id": ref.run_id if ref else None,
+                            "replicate": {"why": (first.get("borderline") or {}).get("why")}}
+    orig = state.runs.get(str(first.get("run_id")))
+    if rep.outcome != RunOutcome.OK or orig is None or ref is None:
+        return {**data, "passed": False, "reason": (
+            f"the replicate check run did not finish well ({rep.outcome}: {rep.reason}): the borderline verdict stands"
+            if rep.outcome != RunOutcome.OK else "no check run or reference to judge with the replicate")}
+    try:
+        loaded = load_gate_list(control.spec, control.dir, state.list_sha256)
+    except (ListError, OSError) as exc:
+        return {**data, "passed": False, "reason": f"the correctness list cannot be used: {exc}"}
+    l1, change = _layer1(control, state, loaded, ref, rep)
+    ref_log = control.run_dir(ref.run_id) / RUN_LOG
+    b_curve = _losses(state, ref_log)
+    c_curve = _losses(state, control.run_dir(orig.run_id) / RUN_LOG)
+    r_curve = _losses(state, control.run_dir(rep.run_id) / RUN_LOG)
+    noise_runs = _noise_runs(control, state)
+    cfg = config_for(*precision_from(_resolved_args(state, ref_log)), change=change)
+    pair = [(orig.run_id, c_curve), (rep.run_id, r_curve)]
+    g = judge(b_curve, c_curve, replicates=noise_runs, noise_config=cfg, candidate_runs=pair)
+    g_rep = judge(b_curve, r_curve, replicates=noise_runs, noise_config=cfg, candidate_runs=pair)
+    names = [x[0] for x in noise_runs] + [orig.run_id, rep.run_id]
+    conv = _convergence_record(g, loss_deviation(b_curve, c_curve), names)
+    conv_rep = _convergence_record(g_rep, loss_deviation(b_curve, r_curve), names)
+    spread = next((p for p in g.noise_aware.envelope.pairs if {p.a, p.b} == {orig.run_id, rep.run_id}), None)
+    both = {"passed": conv["passed"] and conv_rep["passed"],
+            "summary": "; ".join(f"{w}: {c['summary']}" for w, c in (("check run", conv), ("replicate", conv_rep))
+                                 if not c["passed"]) or conv["summary"]}
+    passed = bool(l1["passed"] and both["passed"])
+    data["replicate"] |= {"candidate_spread_rms": spread.rms_rel if spread else None,
+                          "candidate_spread_max": spread.max_abs_rel if spread else None}
+    return {**data, "passed": passed, "reason": _reason(l1, both), "layer1": l1, "convergence": conv,
+            "convergence_replicate": conv_rep, "change": change}
 
 
 def _convergence_record(g: Any, deviation: Any, noise_runs: list[str]) -> dict[str, Any]:

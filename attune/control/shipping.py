@@ -23,6 +23,11 @@ broker that restarts (or a campaign resumed days later) carries on where it stop
    envelope of the baseline's replicates and calibration runs, both verdicts recorded). Each verdict
    is a `check_run` row. The first candidate that passes ships; if none does (or the reserve cannot
    pay for another check), the baseline ships. `shipped` row, and `shipped/` on disk.
+   A check rejected within the margin of its thresholds (`borderline` in its row, `gate.judge.borderline`)
+   gets ONE replicate check run of the same candidate (`ShipAction.CHECK_REPLICATE`,
+   `borderline_replicate`; admitted by the same pipeline, `plane.rule_one_replicate`, paid from the check
+   reserve); once it finishes, the candidate is judged again with its own spread in the noise model
+   (`ShipAction.REJUDGE`, a second `check_run` row that is the candidate's verdict).
 5. **Final re-measurement**: the baseline and the shipped recipe run again, two repeats each, in a
    randomised interleaved order (seeded by the campaign, so a resumed campaign keeps the order); a
    recipe whose two repeats differ by more than the band gets a third; a repeat without a valid
@@ -183,12 +188,46 @@ def next_remeasure(state: CampaignState) -> str | None:
 
 def unjudged_check(state: CampaignState) -> RunState | None:
     """A candidate's check run that finished and has no `check_run` verdict row yet (the baseline's own
-    check runs are the reference and its replicates: they get none)."""
+    check runs are the reference and its replicates: they get none; a candidate's replicate check run is
+    judged with its check run, `unjudged_replicate`)."""
     judged = {c.get("run_id") for c in state.checks}
     for r in state.runs.values():
-        if r.kind == RunKind.CHECK and r.base_run_id != "baseline" and r.status == "finished" and r.run_id not in judged:
+        if (r.kind == RunKind.CHECK and r.base_run_id != "baseline" and r.status == "finished"
+                and r.run_id not in judged and r.purpose != "replicate"):
             return r
     return None
+
+
+# ------------------------------------------------------------------ a replicate where a check is borderline
+
+
+def candidate_replicates(state: CampaignState, of: str) -> list[RunState]:
+    """The replicate check runs of candidate `of` (at most one is ever admitted: `plane.rule_one_replicate`)."""
+    return [r for r in state.runs.values() if r.kind == RunKind.CHECK and r.base_run_id == of and r.purpose == "replicate"]
+
+
+def unjudged_replicate(state: CampaignState) -> RunState | None:
+    """A candidate's replicate check run that finished (well or not) and whose verdict row is not written yet."""
+    judged = {c.get("replicate_run_id") for c in state.checks}
+    for r in state.runs.values():
+        if r.kind == RunKind.CHECK and r.purpose == "replicate" and r.status == "finished" and r.run_id not in judged:
+            return r
+    return None
+
+
+def borderline_replicate(state: CampaignState, candidate: str, verdict: dict[str, Any]) -> Action | None:
+    """ONE replicate check run of a candidate whose check was rejected within the margin of its thresholds
+    (`borderline` in its `check_run` row, `gate.judge.borderline`): its spread joins the noise model when the
+    candidate is judged again. None when the check was not borderline, or the candidate already had (or was
+    refused) its one replicate."""
+    if verdict.get("passed") or not (verdict.get("borderline") or {}).get("borderline"):
+        return None
+    refused = any(x.get("of") == candidate and x.get("purpose") == "replicate" for x in state.refusals)
+    if candidate_replicates(state, candidate) or refused or verdict.get("replicate_run_id"):
+        return None
+    why = (verdict.get("borderline") or {}).get("why", "")
+    return Action(ShipAction.CHECK_REPLICATE, candidate, f"replicate check run of {candidate}: its check was "
+                  f"borderline ({why}); the candidate's own spread joins the noise model")
 
 
 def unrecorded_remeasurement(state: CampaignState) -> RunState | None:
@@ -269,6 +308,9 @@ def _plan_ship(state: CampaignState) -> Action:
         if verdict is not None:
             if verdict.get("passed"):
                 return Action(ShipAction.SHIP, c.run_id, "the fastest candidate that passed the correctness gate")
+            again = borderline_replicate(state, c.run_id, verdict)
+            if again is not None:
+                return again
             continue
         return Action(ShipAction.CHECK, c.run_id, f"correctness check of {c.run_id}")
     return Action(ShipAction.SHIP, "baseline", f"none of the {len(cands)} candidate(s) passed the correctness gate")
@@ -283,6 +325,10 @@ def plan(state: CampaignState) -> Action:
     pending = unjudged_check(state)
     if pending is not None:
         return Action(ShipAction.JUDGE, pending.run_id, f"the gate's verdict on check run {pending.run_id}")
+    pending = unjudged_replicate(state)
+    if pending is not None:
+        return Action(ShipAction.REJUDGE, pending.run_id, f"the gate's verdict on {pending.base_run_id} with its "
+                      f"replicate check run {pending.run_id}")
     pending = unrecorded_remeasurement(state)
     if pending is not None:
         return Action(ShipAction.RECORD, pending.run_id, f"the re-measurement of {pending.base_run_id} by {pending.run_id}")
@@ -305,6 +351,7 @@ def status(state: CampaignState) -> dict[str, Any]:
     """Where shipping stands, for `attune tune`, the broker's campaign status and the demo."""
     a = plan(state)
     phase = {"not_due": "searching", "wait": "waiting", "check": "checking", "ship": "checking", "judge": "checking",
+             "check_replicate": "checking", "rejudge": "checking",
              "remeasure": "remeasuring", "record": "remeasuring", "done": "done", "fail": "failed", "failed": "failed"}[a.kind]
     if a.kind == ShipAction.WAIT and state.shipped is not None:
         phase = "remeasuring"

@@ -85,6 +85,7 @@ class RunState:
     reason: str | None = None  # why it ended as it did, in words
     recipe_failure: bool = False  # a retried infrastructure failure that failed again on other nodes
     prune_below: float | None = None  # early abort: stop the run if its throughput falls below this
+    purpose: str | None = None  # "replicate": a candidate's replicate check run (shipping, borderline check)
 
 
 @dataclass
@@ -297,6 +298,7 @@ class CampaignState:
             retry_of=d.get("retry_of"),
             code_locations=dict(d.get("code_locations") or {}),
             prune_below=d.get("prune_below"),
+            purpose=d.get("purpose"),
         )
         if run.run_id in self.runs:
             raise ledger_mod.LedgerError(f"row {row.seq}: run {run.run_id!r} admitted twice")
@@ -309,7 +311,7 @@ class CampaignState:
         self.launches_refused += 1
         self.refusals.append(
             {"seq": row.seq, "reason": d["reason"], "code": d.get("code"), "changes": d.get("changes"),
-             "kind": d.get("kind"), "of": d.get("of")}
+             "kind": d.get("kind"), "of": d.get("of"), "purpose": d.get("purpose")}
         )
 
     def _on_run_submitted(self, d: dict[str, Any], row: ledger_mod.Row) -> None:

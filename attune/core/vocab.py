@@ -112,6 +112,7 @@ class RefusalCode(StrEnum):
     PATH_OUTSIDE_RUN = "path_outside_run"
     SPEC_CHANGED = "spec_changed"
     ENVIRONMENT = "environment"  # the jobs' Python lacks the workload's modules
+    REPLICATE_DONE = "replicate_done"  # a candidate's one replicate check run was already asked for
 
 
 REFUSAL_NOTES: dict[RefusalCode, str] = {
@@ -126,15 +127,18 @@ def refusal_codes_text() -> str:
 
 
 class ShipAction(StrEnum):
-    """What shipping does next (attune.control.shipping.plan's `Action.kind`)."""
+    """What shipping does next (`attune.control.shipping.plan`'s `Action.kind`)."""
 
-    WAIT = "wait"  # runs in flight
-    NOT_DUE = "not_due"  # the campaign has not stopped
-    CHECK = "check"  # launch a correctness check run
-    REMEASURE = "remeasure"  # launch the final re-measurement
-    JUDGE = "judge"  # the gate's verdict on a finished check run
-    RECORD = "record"  # record a finished re-measurement
-    SHIP = "ship"  # ship a recipe (a candidate, or the baseline)
-    DONE = "done"  # shipped and re-measured
-    FAIL = "fail"  # end the campaign failed (record it)
-    FAILED = "failed"  # the campaign has ended failed
+    NOT_DUE = "not_due"
+    WAIT = "wait"
+    CHECK = "check"  # launch a check run of the baseline (reference, replicates) or of a candidate
+    # launch ONE replicate check run of a candidate whose check was borderline (`shipping.borderline_replicate`)
+    CHECK_REPLICATE = "check_replicate"
+    JUDGE = "judge"  # record the gate's verdict on a finished check run
+    REJUDGE = "rejudge"  # judge a candidate again with its replicate check run's spread in the noise model
+    RECORD = "record"
+    REMEASURE = "remeasure"
+    SHIP = "ship"
+    DONE = "done"
+    FAIL = "fail"
+    FAILED = "failed"

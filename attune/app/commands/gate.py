@@ -22,7 +22,6 @@ from typing import Any
 
 from attune.core.errors import EXIT_FAILED, EXIT_OK, UsageError
 from attune.core.output import add_json_flag, emit_json
-from attune.readers.metrics import read_resolved_args
 from gate import config_check, convergence, inputs, judge, lists, noise, validate
 
 
@@ -63,10 +62,14 @@ def register(subparsers: Any) -> None:
                    help="compute precision, sets the noise floor (default: read from the baseline log's arguments; "
                    f"when they cannot be read, e.g. JSON curves, {noise.DEFAULT_PRECISION} is assumed, the precision "
                    "of LLM mixed-precision training; every verdict states which and how it was known)")
-    p.add_argument("--change", choices=["unknown", "layout"], default="unknown",
-                   help="what layer 1 says changed: 'layout' (only structural / same-math arguments: judged for "
-                   "drift and divergence after the first 20%% of the steps) or 'unknown' (default: every step "
-                   "held to the noise envelope)")
+    p.add_argument("--change", choices=["unknown", "layout"], default=None,
+                   help="what changed: 'layout' (only structural / same-math arguments: judged for drift and "
+                   "divergence after the first 20%% of the steps) or 'unknown' (every step held to the noise "
+                   "envelope). Default: layer 1 classes it from the two runs' arguments (a training log's "
+                   "arguments block, or a JSON run's 'args'); without arguments, 'unknown'")
+    p.add_argument("--model", help="the correctness list layer 1 classes the change with (default: megatron)")
+    p.add_argument("--list", dest="list_path", help="path to a correctness list file (instead of --model)")
+    p.add_argument("--list-sha256", help="the hash the campaign pins; a different list is refused")
     p.add_argument("--k-sigma", type=float, default=noise.NoiseConfig().k_sigma,
                    help="envelope half-width in noise units (default %(default)s)")
     add_json_flag(p)
@@ -167,11 +170,12 @@ def _print_check(result: config_check.ConfigCheckResult) -> None:
     print("PASS" if result.passed else f"REFUSED ({len(result.refusals)} reason(s))")
 
 
-def _converge_inputs(args: argparse.Namespace) -> tuple[noise.Curve, noise.Curve, list[tuple[str, str, noise.Curve]]]:
-    """The baseline's, the candidate's and the other runs' curves; bad files or options are usage errors."""
+def _converge_inputs(args: argparse.Namespace) -> tuple[inputs.RunInput, inputs.RunInput,
+                                                         list[tuple[str, str, noise.Curve]]]:
+    """The baseline's and the candidate's runs and the other runs' curves; bad files or options are usage errors."""
     try:
-        base = inputs.load_curve(args.baseline)
-        cand = inputs.load_curve(args.candidate)
+        base = inputs.load_run(args.baseline)
+        cand = inputs.load_run(args.candidate)
         runs = ([(Path(p).name, "replicate", inputs.load_curve(p)) for p in args.replicate]
                 + [(Path(p).name, "calibration", inputs.load_curve(p)) for p in args.calibration])
     except inputs.GateInputError as exc:
@@ -223,10 +227,55 @@ def _print_noise_aware(na: noise.NoiseAwareResult) -> None:
         print(f"  note: {n}")
 
 
+def _change_class(args: argparse.Namespace, base: inputs.RunInput, cand: inputs.RunInput) -> dict[str, Any]:
+    """The change's class and where it comes from: `--change` ('given'), layer 1 on the two runs' arguments
+    ('layer1'), or 'unknown' when neither says, with what `--change layout` would do."""
+    if args.change is not None:
+        return {"change_class": args.change, "change_source": "given", "mode": args.change,
+                "change_note": f"--change {args.change} given", "layer1": None}
+    if base.args is None or cand.args is None or base.form != cand.form:
+        missing = [n for n, r in (("baseline", base), ("candidate", cand)) if r.args is None]
+        why = (f"the {' and '.join(missing)} carr{'y' if len(missing) > 1 else 'ies'} no arguments" if missing
+               else "one run gives a recipe's --flags, the other resolved attributes")
+        return {"change_class": "unknown", "change_source": "unknown", "mode": "unknown", "layer1": None,
+                "change_note": (f"change class unknown ({why}): judged strictly, every step at replicate level "
+                                f"(floor {noise.FLOOR_BY_PRECISION['bf16']:.2%} bf16). If layer 1 classes the change "
+                                "layout-only (attune gate check), --change layout judges drift and divergence after "
+                                f"the first 20% of the steps with the layout allowance "
+                                f"({noise.LAYOUT_FLOOR_BY_PRECISION['bf16']:.2%} bf16)")}
+    loaded = lists.load_list(args.list_path or args.model or "megatron", expected_sha256=args.list_sha256)
+    if base.form == "resolved":
+        r1 = config_check.check_resolved(loaded, base.args, cand.args, base.env, cand.env)
+    else:
+        r1 = config_check.check_recipe(loaded, base.args, cand.args, base.env, cand.env)
+    klass = r1.objective_class()
+    mode = "layout" if klass == "layout" else "unknown"
+    note = {"layout": "layer 1 classes every change layout-only: judged for drift and divergence",
+            "objective": "layer 1 refuses a change of what is trained: the curve check is the backstop, every step "
+                         "at replicate level",
+            "unknown": ("layer 1 sees no change its list classes (none, or only unlisted ones): judged strictly, "
+                        "every step at replicate level")}[klass]
+    return {"change_class": klass, "change_source": "layer1", "mode": mode, "change_note": note,
+            "layer1": {"model": r1.model, "list_sha256": r1.list_sha256, "mode": r1.mode, "passed": r1.passed,
+                       "summary": r1.summary(),
+                       "changes": [{"name": c.name, "class": c.klass, "allowed": c.allowed,
+                                    "baseline": c.baseline, "candidate": c.candidate} for c in r1.changes]}}
+
+
 def run_converge(args: argparse.Namespace) -> int:
-    base, cand, runs = _converge_inputs(args)
-    precision, source = (args.precision, "given") if args.precision else _log_precision(args.baseline)
-    ncfg = noise.config_for(precision, source, k_sigma=args.k_sigma, min_steps=args.min_steps, change=args.change)
+    base_run, cand_run, runs = _converge_inputs(args)
+    base, cand = base_run.curve, cand_run.curve
+    try:
+        change = _change_class(args, base_run, cand_run)
+    except (lists.ListError, ValueError) as exc:
+        raise UsageError(str(exc)) from exc
+    if args.precision:
+        precision, source = args.precision, "given"
+    elif base_run.args:
+        precision, source = noise.precision_of(base_run.args), base_run.source
+    else:
+        precision, source = noise.precision_from(None)
+    ncfg = noise.config_for(precision, source, k_sigma=args.k_sigma, min_steps=args.min_steps, change=change["mode"])
     g = judge.judge(base, cand, replicates=runs, reference_config=convergence.ConvergenceConfig(min_steps=args.min_steps),
                     noise_config=ncfg)
     result, na = g.reference, g.noise_aware
@@ -235,6 +284,8 @@ def run_converge(args: argparse.Namespace) -> int:
                    "reasons": g.reasons, "reference_passed": result.passed, "reference_summary": result.summary(),
                    "reference_reasons": result.reasons, "precision": precision, "precision_source": source,
                    "assumptions": g.assumptions.model_dump() if g.assumptions else None,
+                   "change_class": change["change_class"], "change_source": change["change_source"],
+                   "change_note": change["change_note"], "layer1": change["layer1"],
                    "noise_aware": _noise_json(na), "excused": [e.model_dump() for e in g.excused],
                    "reference_common": g.reference_common.model_dump(mode="json") if g.reference_common else None,
                    "deviation": convergence.loss_deviation(base, cand),
@@ -242,17 +293,10 @@ def run_converge(args: argparse.Namespace) -> int:
     else:
         print(g.summary)
         print(f"assumed: {na.assumed()}")
+        print(f"change: {change['change_class']} ({change['change_source']}): {change['change_note']}")
         _print_reference(g)
         _print_noise_aware(na)
     return EXIT_OK if g.passed else EXIT_FAILED
-
-
-def _log_precision(source: str) -> tuple[str, str]:
-    """(precision, 'log') from the baseline log's resolved arguments, else (the default, 'default')."""
-    try:
-        return noise.precision_from(read_resolved_args(source, inputs.DEFAULT_FRAMEWORK))
-    except (OSError, ValueError):
-        return noise.precision_from(None)
 
 
 def _noise_json(na: noise.NoiseAwareResult) -> dict:
