@@ -241,7 +241,7 @@ class RunInfo(_Answer):
     expected_gain: float | None = None
     expected_gpu_hours: float = 0.0
     profile: bool = False
-    outcome: str | None = Field(None, description="ok, oom, hang, crash, infrastructure, cancelled or pruned")
+    outcome: str | None = Field(None, description="ok, oom, hang, crash, infrastructure, cancelled, pruned or overrun")
     charge_gpu_hours: float = 0.0
     charged_to: str | None = None
     tokens_per_s_per_gpu: float | None = None
@@ -250,6 +250,7 @@ class RunInfo(_Answer):
     verdict: str | None = Field(None, description="leader, within_band, slower, invalid, failed, calibration, ...")
     recipe_key: str | None = None
     base_run_id: str | None = None
+    purpose: str | None = Field(None, description="a check run's purpose: replicate (a borderline check's one replicate)")
     retry_of: str | None = None
     backend_id: str | None = None
     nodes: list[str] = Field(default_factory=list)

@@ -16,7 +16,7 @@ import pytest
 
 from gate import lists
 from gate.config_check import check_recipe
-from gate.inputs import InputError, load_run
+from gate.inputs import GateInputError, load_run
 
 DATA = Path(__file__).parent / "data"
 LOG = DATA / "real_logs" / "megatron_lm_mi300_tp4_pp2_args.log"
@@ -104,10 +104,10 @@ def test_layer1_classes_every_development_pair() -> None:
 def test_json_run_args_are_checked(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"loss": {"1": 2.0}, "args": {"--tp": 1, "pp": 2}}))
-    with pytest.raises(InputError, match="neither a --flag nor an attribute"):
+    with pytest.raises(GateInputError, match="neither a --flag nor an attribute"):
         load_run(bad)
     bad.write_text(json.dumps({"loss": {"1": 2.0}, "args": {"tp": {"x": 1}}}))
-    with pytest.raises(InputError, match="value of tp"):
+    with pytest.raises(GateInputError, match="value of tp"):
         load_run(bad)
     bad.write_text(json.dumps({"loss": {"1": 2.0}, "extra": 1}))
     rc, _, err = _converge(str(bad), str(bad))
