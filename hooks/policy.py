@@ -215,6 +215,7 @@ class Policy:
         self.unreadable = unreadable or []
         self.read_roots, self.write_roots, self.protected = read_roots, write_roots, protected
         self.extra_commands, self.extra_tools = extra_commands, extra_tools
+        self._spec_list: str | None = None
 
     @classmethod
     def for_campaign(cls, campaign: str, cwd: str | None = None, plugin_root: str | None = None) -> Policy:
@@ -229,7 +230,6 @@ class Policy:
         protected = [os.path.join(campaign, p) for p in PROTECTED_IN_CAMPAIGN]
         protected.append(root)
         protected.append(os.path.join(root, "gate", "lists"))
-        protected.append(_spec_list_file(campaign, root))
         for env in ("CLAUDE_PLUGIN_DATA", "CLAUDE_CONFIG_DIR"):
             if os.environ.get(env):
                 protected.append(os.path.realpath(os.environ[env]))
@@ -278,12 +278,20 @@ class Policy:
             return False
         return any(inside(real, r) for r in self.read_roots)
 
+    @property
+    def spec_list_file(self) -> str:
+        """The correctness list campaign.yaml names, read only when a write is decided: reading campaign.yaml
+        is the costliest step of building a policy, and most tool calls write nothing."""
+        if self._spec_list is None:
+            self._spec_list = os.path.realpath(_spec_list_file(self.campaign, self.plugin_root))
+        return self._spec_list
+
     def write_problem(self, path: str) -> str | None:
         """None if the path may be written, else why not."""
         real = self.real(path)
         if real == "/dev/null":
             return None
-        for p in self.protected:
+        for p in (*self.protected, self.spec_list_file):
             if p == self.plugin_root and inside(real, self.campaign):
                 continue  # a campaign inside the plugin's tree (examples/) keeps its notes writable
             if inside(real, p):

@@ -136,6 +136,17 @@ def test_bad_input_or_policy_fails_closed(camp: Path) -> None:
     assert decision == "deny" and "policy.yaml line 1" in reason and "denied to be safe" in reason
 
 
+def test_a_campaign_yaml_outside_the_subset_denies_every_write(camp: Path) -> None:
+    """campaign.yaml is read only when a write is decided; one the control plane would refuse makes the
+    write fail closed (the list it might name is never left writable), and no file is written."""
+    (camp / "campaign.yaml").write_text("name: hooks-test\ngate: !!map {lists: x.yaml}\n")
+    decision, reason = pre("Write", {"file_path": str(camp / "notes" / "a.md"), "content": "x"}, camp)
+    assert decision == "deny" and "campaign.yaml" in reason
+    decision, _ = pre("Bash", {"command": "echo hi > notes/a.md"}, camp)
+    assert decision == "deny"
+    assert not (camp / "notes" / "a.md").exists()
+
+
 def test_campaign_found_from_a_subdirectory_or_named_explicitly(camp: Path, tmp_path: Path) -> None:
     assert pre("Bash", {"command": "curl x"}, camp / "notes")[0] == "deny"
     # Without CLAUDE_PROJECT_DIR the hook input's cwd decides.

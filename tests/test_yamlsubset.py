@@ -151,8 +151,11 @@ def test_the_hook_denies_when_campaign_yaml_is_outside_the_subset(tmp_path: Path
     from hooks.runtime import PolicyFileError
 
     (tmp_path / "campaign.yaml").write_text("gate: !!map {lists: x.yaml}\n")
+    policy = Policy.for_campaign(str(tmp_path), plugin_root=str(tmp_path / "plugin"))
+    # campaign.yaml is read when a write is decided (most calls write nothing): the write decision fails
+    # closed, and the hook's skeleton answers deny on the error.
     with pytest.raises(PolicyFileError, match="campaign.yaml"):
-        Policy.for_campaign(str(tmp_path), plugin_root=str(tmp_path / "plugin"))
+        policy.write_problem(str(tmp_path / "notes" / "x.md"))
 
 
 @pytest.mark.parametrize("lists", [None, "", "llama31-405b", "x.yaml", "x.yml", "a/b.yaml", "/abs/l.yaml",
