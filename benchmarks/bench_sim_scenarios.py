@@ -3,8 +3,8 @@
 Generates N scenarios deterministically from a seed: a model of the simulator's catalog
 (`attune.knowledge.layouts.load_models`, tinygpt excepted), an accelerator (`attune.sim.hardware`), a
 cluster size, a workload (sequence length, global batch) and a starting recipe: a feasible layout
-(`enumerate_layouts`) with a recomputation setting that the noise-free estimate says runs, drawn at
-random, so the baseline is not a published recipe. Each scenario's campaign searches the same generic
+(`enumerate_layouts`) with a recomputation setting that the noise-free estimate says runs, with a step
+shorter than the control plane's hang timeout (else calibration is killed as a hang), drawn at random, so the baseline is not a published recipe. Each scenario's campaign searches the same generic
 space (TP, PP, EP for MoE models, CP, recomputation granularity) under the generic
 Megatron correctness list (`gate/lists/megatron.yaml`).
 
@@ -89,8 +89,13 @@ def _space(model: Any, args: dict[str, Any]) -> dict[str, list[Any]]:
 
 def make_scenarios(seed: int, n: int) -> list[dict[str, Any]]:
     """N scenarios, each with a starting recipe the noise-free estimate says runs (module doc)."""
+    from attune.control.spec import ControlSettings
     from attune.knowledge.layouts import LayoutError, LayoutOptions, enumerate_layouts, load_models
     from attune.sim.estimate import estimate
+
+    # A step that outlasts the control plane's hang watchdog never logs progress in time: such a baseline
+    # cannot be calibrated, so it is not a scenario (a margin for the simulator's noise).
+    hang_s = float(ControlSettings.model_fields["hang_timeout_s"].default) * 0.8
 
     rng = random.Random(seed)
     models = [m for m in load_models().values() if m.name != "tinygpt"]
@@ -111,7 +116,7 @@ def make_scenarios(seed: int, n: int) -> list[dict[str, Any]]:
             gran = rng.choice(("selective", "full"))
             args = _baseline_args(model, rep.layout, seq, gbs, gran)
             e = estimate(model.name, acc, gpus, args, {"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
-            if e.outcome == "ok" and e.tokens_per_s_per_gpu:
+            if e.outcome == "ok" and e.tokens_per_s_per_gpu and e.step is not None and e.step.seconds < hang_s:
                 out.append({"id": f"s{len(out) + 1:02d}", "model": model.name, "accelerator": acc, "gpus": gpus,
                             "seq": seq, "gbs": gbs, "args": args, "space": _space(model, args),
                             "sim_seed": rng.randrange(1, 10**6)})
