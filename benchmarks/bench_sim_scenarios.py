@@ -91,11 +91,15 @@ def make_scenarios(seed: int, n: int) -> list[dict[str, Any]]:
     """N scenarios, each with a starting recipe the noise-free estimate says runs (module doc)."""
     from attune.control.spec import ControlSettings
     from attune.knowledge.layouts import LayoutError, LayoutOptions, enumerate_layouts, load_models
+    from attune.sim.constants import DEFAULT as SIM_CONSTANTS
     from attune.sim.estimate import estimate
+    from attune.sim.run import SimSettings
 
-    # A step that outlasts the control plane's hang watchdog never logs progress in time: such a baseline
-    # cannot be calibrated, so it is not a scenario (a margin for the simulator's noise).
-    hang_s = float(ControlSettings.model_fields["hang_timeout_s"].default) * 0.8
+    # A step that outlasts the hang watchdog (the control plane's, the simulated cluster's) never logs
+    # progress in time: such a baseline cannot be calibrated, so it is not a scenario. Step 0 is the
+    # longest (the simulator's warm-up factor); a margin for its noise.
+    hang_s = min(float(ControlSettings.model_fields["hang_timeout_s"].default),
+                 float(SimSettings.model_fields["hang_kill_s"].default)) * 0.8 / (1.0 + SIM_CONSTANTS.warmup_step0)
 
     rng = random.Random(seed)
     models = [m for m in load_models().values() if m.name != "tinygpt"]
