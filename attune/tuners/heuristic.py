@@ -33,6 +33,9 @@ FULL_RECOMPUTE: dict[str, ArgValue] = {"--recompute-granularity": "full", "--rec
                                        "--recompute-num-layers": 1}
 # Coupled moves queued to pay for one out-of-memory move with more sharding (`_pay_for_memory`).
 PAYERS = 2
+# Full recomputation repeats each layer's forward pass: about a third of a step's compute (forward 1,
+# backward 2), so dropping it speeds a step up by at most 1 / (1 - 1/3).
+FULL_RECOMPUTE_MAX_SPEEDUP = 1.5
 Coupler = Callable[[dict[str, ArgValue], str, ArgValue], "dict[str, ArgValue] | None"]
 # The framework's argument rules over a recipe's full flags (`attune.knowledge.coherence.cohere`):
 # (the candidate's flags, the flags it moved from) -> the coherent flags.
@@ -314,7 +317,7 @@ class HeuristicTuner(Tuner):
                 return
             if self._pay_for_memory(candidate.changes, tok, lever):
                 return
-        elif tok.get("retried") and not tok.get("paid") and "oom_changes" in tok:
+        elif tok.get("retried") and not tok.get("paid") and "oom_changes" in tok and self._may_pay(outcome):
             # Rule 5's retry did not lead: the memory the move lacked may be paid for by sharding instead.
             self._pay_for_memory(tok["oom_changes"], tok, lever)
         # Outcomes arrive out of order when runs overlap: a late outcome of another lever counts against
@@ -360,6 +363,17 @@ class HeuristicTuner(Tuner):
                     ))
                     return True
         return False
+
+    @staticmethod
+    def _may_pay(retry: Outcome) -> bool:
+        """Whether paying for the memory with sharding can beat the leader, by the retry's measurement: the
+        paid move saves at most the full recomputation the retry added (`FULL_RECOMPUTE_MAX_SPEEDUP`) and
+        the degree that pays costs something, so a retry slower than the leader by more than that cannot
+        be rescued. A retry without a measurement (out of memory again) says nothing: pay."""
+        tps, leader = retry.tokens_per_s_per_gpu, retry.extra.get("leader_tps")
+        if tps is None or not isinstance(leader, (int, float)) or leader <= 0:
+            return True
+        return tps * FULL_RECOMPUTE_MAX_SPEEDUP > leader
 
     def _pay_for_memory(self, oom: dict[str, ArgValue], tok: dict[str, Any], lever: str) -> bool:
         """A coupled move, first-class: a move that ran out of memory (less recomputation, a narrower TP or EP)
