@@ -386,6 +386,31 @@ class HeuristicTuner(Tuner):
         origin = self._full(oom)
         moved = origin.get(lever)
         here = self._layout()
+        options = self._payers(origin, lever, moved)
+        if options and options[0][0][0] == 1:
+            options = options[:1]
+        queued = 0
+        for _, full, flag, value in options:
+            if queued >= PAYERS:
+                break
+            changes = self.diff(full)
+            key = self.key(changes)
+            if key in self.tried:
+                continue
+            self.tried.add(key)
+            self.deferred.append((here, Candidate(
+                changes=changes, lever=lever,
+                hypothesis=(f"coupled move: {lever}={moved} ran out of memory; pay for it with {flag}={value} "
+                            "(more sharding) instead of the memory saving it dropped"),
+                token={**tok, "retried": True, "paid": True},
+            )))
+            queued += 1
+        return queued > 0
+
+    def _payers(self, origin: dict[str, ArgValue], lever: str, moved: ArgValue
+                ) -> list[tuple[tuple[int, int], dict[str, ArgValue], str, ArgValue]]:
+        """The coherent recipes that pay for `origin`'s memory with another placement degree one step up,
+        ((estimate unsure, degrees moved), flags, the paying degree, its value), best first."""
         options: list[tuple[tuple[int, int], dict[str, ArgValue], str, ArgValue]] = []
         for flag in self.order:
             if flag not in PLACEMENT_FLAGS or flag == lever:
@@ -410,26 +435,7 @@ class HeuristicTuner(Tuner):
                 continue
             n_moved = sum(1 for f in PLACEMENT_FLAGS if str(full.get(f)) != str(origin.get(f)))
             options.append(((0 if fit else 1, n_moved), full, flag, value))
-        options.sort(key=lambda o: o[0])
-        if options and options[0][0][0] == 1:
-            options = options[:1]
-        queued = 0
-        for _, full, flag, value in options:
-            if queued >= PAYERS:
-                break
-            changes = self.diff(full)
-            key = self.key(changes)
-            if key in self.tried:
-                continue
-            self.tried.add(key)
-            self.deferred.append((here, Candidate(
-                changes=changes, lever=lever,
-                hypothesis=(f"coupled move: {lever}={moved} ran out of memory; pay for it with {flag}={value} "
-                            "(more sharding) instead of the memory saving it dropped"),
-                token={**tok, "retried": True, "paid": True},
-            )))
-            queued += 1
-        return queued > 0
+        return sorted(options, key=lambda o: o[0])
 
     def _beyond(self, lever: str, value: ArgValue, won_value: ArgValue, prev: ArgValue) -> bool:
         """Whether `value` lies further along the direction that took `prev` to `won_value`."""
