@@ -312,8 +312,6 @@ class HeuristicTuner(Tuner):
                 (lever, v) for v in self._values_to_try(lever) if self._beyond(lever, v, tok.get("value"), old)
             )
             return
-        if outcome.outcome == RunOutcome.OOM:
-            self._drop_less_sharded(lever, tok.get("value"))
         if outcome.outcome == RunOutcome.OOM and not tok.get("retried"):
             if self._retry_after_oom(candidate, tok, lever):
                 return
@@ -364,19 +362,6 @@ class HeuristicTuner(Tuner):
                     ))
                     return True
         return False
-
-    def _drop_less_sharded(self, lever: str, value: ArgValue) -> None:
-        """A placement degree that ran out of memory when lowered: its queued values lower still shard the
-        model less and need more memory per GPU, so they are not launched (rule 5's retry and the coupled
-        moves that pay for the memory are still queued for the value that ran out)."""
-        if lever not in PLACEMENT_FLAGS or not isinstance(value, int):
-            return
-        cur = self._value(lever)
-        cur_n = 1 if cur in (None, False) else cur
-        if not isinstance(cur_n, int) or value >= cur_n:
-            return
-        self.queue = deque((lv, v) for lv, v in self.queue
-                           if not (lv == lever and isinstance(v, int) and v < value))
 
     @staticmethod
     def _may_pay(retry: Outcome) -> bool:
