@@ -315,7 +315,8 @@ class HeuristicTuner(Tuner):
         if outcome.outcome == RunOutcome.OOM and not tok.get("retried"):
             if self._retry_after_oom(candidate, tok, lever):
                 return
-            self._pay_for_memory(candidate.changes, tok, lever)  # the move itself still counts as failed
+            if self._pay_for_memory(candidate.changes, tok, lever):
+                return
         elif tok.get("retried") and not tok.get("paid") and "oom_changes" in tok and self._may_pay(outcome):
             # Rule 5's retry did not lead: the memory the move lacked may be paid for by sharding instead.
             self._pay_for_memory(tok["oom_changes"], tok, lever)
