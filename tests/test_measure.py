@@ -89,7 +89,11 @@ def test_the_early_abort_pruner_waits_for_its_steps_then_prunes_below_the_floor(
     assert p.min_steps == measure.EARLY_ABORT_STEPS == 4 and p.fraction == measure.EARLY_ABORT_FRACTION
     floor = p.floor(1000.0)
     assert floor == pytest.approx(900.0)
-    assert not p.prune((500.0, 3), floor)  # too few measured steps to judge
+    assert not p.prune((800.0, 3), floor)  # too few measured steps to judge a run this close
+    assert not p.prune((500.0, 1), floor)  # one measured step judges nothing
+    # a clearly lost run (below 0.75 x the leader) is cut after two measured steps
+    assert p.clear_steps == measure.EARLY_ABORT_CLEAR_STEPS == 2 < p.min_steps
+    assert p.prune((500.0, 2), floor) and p.prune((749.0, 3), floor) and not p.prune((751.0, 3), floor)
     assert p.prune((500.0, 4), floor) and "500 tokens/s/GPU over 4 measured steps" in p.reason((500.0, 4), floor)
     assert not p.prune((950.0, 10), floor)
     assert not p.prune(None, floor) and not p.prune((1.0, 10), None)

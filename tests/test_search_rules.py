@@ -266,3 +266,29 @@ def test_summary_is_written_to_notes_and_offered_to_the_next_campaign_on_the_mod
     out, _ = run_hook("session_start", {"source": "startup"}, nxt, ATTUNE_HISTORY_DIR=str(history))
     context = out["hookSpecificOutput"]["additionalContext"] if out else ""
     assert "Summaries of 2 earlier campaign(s)" in context and str(history / "glm45-128xb200-sim.md") in context
+
+
+def test_rule5_a_retry_that_is_the_calibrated_baseline_counts_as_retried(tmp_path: Path) -> None:
+    """A baseline with full recomputation; a search run that drops to selective recomputation on the same
+    layout runs out of memory. Its retry with the savings added back is the baseline itself, measured by
+    calibration: rule 5 is answered. An out-of-memory layout the baseline does not cover stays open."""
+    import yaml
+
+    doc = yaml.safe_load(GLM.read_text())
+    doc["baseline"]["args"].update(FULL)
+    d = tmp_path / "glm-full"
+    d.mkdir()
+    (d / "campaign.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    start(d, search_rules="enforced")
+    book = Book(d)
+    book.calibrate()
+    _probe_layout(book)
+    book.run({"--recompute-granularity": "selective", "--recompute-method": None, "--recompute-num-layers": None},
+             outcome="oom", lever="--recompute-granularity")
+    other = book.run({TP: 1, PP: 16, EP: 8, **SPLIT, "--recompute-granularity": "selective",
+                      "--recompute-method": None, "--recompute-num-layers": None}, outcome="oom", lever="tp1")
+    codes = _codes(d, [TP, PP, CP])
+    assert list(codes) == ["rule5_oom_not_retried"] and len(codes["rule5_oom_not_retried"]) == 1
+    assert codes["rule5_oom_not_retried"][0].startswith(f"{other} TP1/PP16")
+    book.run({TP: 1, PP: 16, EP: 8, **SPLIT}, tps=650.0, lever="tp1")  # its retry, measured: slower
+    assert record_stop(d, [TP, PP, CP], "converged").type == "stop_recorded"

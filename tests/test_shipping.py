@@ -49,13 +49,15 @@ def test_fastest_candidate_rejected_by_convergence_next_one_ships_and_is_remeasu
     assert checks[drift]["layer1"]["passed"] and not checks[drift]["convergence"]["passed"]
     assert checks[good]["passed"] and checks[good]["convergence"]["correlation"] > 0.99
     assert st.shipped is not None and st.shipped["run_id"] == good
-    # one cached reference run of the baseline and its 2 replicates (the noise envelope), one check per
-    # candidate tried, each 20 steps long, from the reserve
+    # one cached reference run of the baseline, one check per candidate tried, each 20 steps long, from the
+    # reserve; the calibration runs cover more than half of the judged steps, so they are the replicates
+    # (the noise envelope) and no replicate check run is bought
+    assert st.replicate_check_runs == 0
     check_runs = [r for r in st.runs.values() if r.kind == "check"]
-    assert sorted(r.base_run_id or "" for r in check_runs) == sorted(["baseline"] * 3 + [drift, good])
-    assert shipping.reference_run(st) is not None and len(shipping.replicate_runs(st)) == 2
+    assert sorted(r.base_run_id or "" for r in check_runs) == sorted(["baseline"] + [drift, good])
+    assert shipping.reference_run(st) is not None and len(shipping.replicate_runs(st)) == 0
     noise = checks[good]["convergence"]["noise_aware"]
-    assert noise["passed"] and len(noise["noise_runs"]) == 2 + 5  # replicates and calibration runs
+    assert noise["passed"] and len(noise["noise_runs"]) == 5  # the calibration runs
     assert "reproduce the baseline's losses exactly (deterministic)" in noise["envelope"]
     bad = checks[drift]["convergence"]
     assert not bad["noise_aware"]["passed"] and "level" in bad["noise_aware"]["failed_checks"]
@@ -247,3 +249,22 @@ def test_a_borderline_candidate_gets_one_replicate_check_run_paid_from_the_reser
     # a "replicate" of the baseline is no candidate replicate: refused by the same pipeline
     out = Control(d).admit(FinalRunRequest(kind="check", of="baseline", replicate=True))
     assert not out.admitted and out.code == "bad_request"
+
+
+def test_replicate_check_runs_default_follows_the_calibration_runs_coverage(tmp_path: Path) -> None:
+    """Unset, the baseline's replicate check runs are bought only where the calibration runs' curves cover
+    less than half of the check's judged steps; a number in the spec is honoured as given."""
+    from attune.control.spec import load_spec
+
+    d = make_campaign(tmp_path, budget=BUDGET)
+    spec = load_spec(d / "campaign.yaml")
+    steps = spec.gate.convergence_steps
+    assert shipping.calibration_coverage(steps, steps) == 1.0
+    assert shipping.calibration_coverage(int(steps * 0.2), steps) == 0.0
+    covering = spec.model_copy(update={"workload": spec.workload.model_copy(update={"steps_per_run": steps})})
+    assert shipping.replicate_check_runs(covering) == 0
+    short = spec.model_copy(update={"workload": spec.workload.model_copy(update={"steps_per_run": 6})})
+    assert shipping.calibration_coverage(6, steps) < shipping.CALIBRATION_COVERAGE_MIN
+    assert shipping.replicate_check_runs(short) == shipping.DEFAULT_REPLICATE_CHECK_RUNS
+    given = covering.model_copy(update={"gate": covering.gate.model_copy(update={"replicate_check_runs": 3})})
+    assert shipping.replicate_check_runs(given) == 3

@@ -57,6 +57,8 @@ class SyntheticControlPlane:
         self.max_inflight = 0
         self.delay = delay
         self.stop: dict[str, Any] | None = None
+        self.objective = objective
+        self.baseline: dict[str, Any] = dict(BASELINE)
 
     def can_launch(self) -> bool:
         with self.lock:
@@ -79,7 +81,7 @@ class SyntheticControlPlane:
             self.max_inflight = max(self.max_inflight, self.inflight)
             self.launched.append(dict(cand.changes))
         time.sleep(self.delay)
-        outcome, tps = objective({**BASELINE, **cand.changes})
+        outcome, tps = self.objective({**self.baseline, **cand.changes})
         with self.lock:
             self.inflight -= 1
             self.used += 1
@@ -246,3 +248,43 @@ def test_heuristic_probes_every_parallel_degree_before_it_stops() -> None:
         t.tell(c, Outcome(run_id=f"r{len(asked) + 1}", outcome="ok", tokens_per_s_per_gpu=1.0, valid=True))
     # CP 2 from the leader (TP 2) is infeasible: the probe ran it from the baseline's layout, exactly once
     assert asked.count({"--context-parallel-size": 2}) == 1
+
+
+TP_, PP_, RG_ = "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--recompute-granularity"
+
+
+def sharded_objective(full: dict[str, Any]) -> tuple[str, float | None]:
+    """A model whose memory needs TP x PP >= 4 shards, or 2 with full recomputation; a narrower TP is
+    faster, a deeper pipeline a little slower, full recomputation costs a quarter. Baseline TP4/PP1/full."""
+    tp, pp, full_rc = full[TP_], full[PP_], full[RG_] == "full"
+    if tp * pp * (2 if full_rc else 1) < 4:
+        return "oom", None
+    tps = 1000.0 * {4: 1.0, 2: 1.2, 1: 1.35}[tp] * {1: 1.0, 2: 0.97, 4: 0.93}[pp] * (1.0 if full_rc else 1.3)
+    return "ok", tps
+
+
+def test_heuristic_pays_for_an_out_of_memory_move_with_more_sharding() -> None:
+    """A move that ran out of memory, whose rule-5 retry (full recomputation) does not lead, is tried again
+    with another placement degree one step up and its recomputation kept low: a coupled move of its own
+    (less recomputation paid for by sharding). No chain of single-lever moves reaches selective
+    recomputation below TP4 here (each runs out of memory alone); the coupled moves reach the best recipe.
+    The memory estimate picks which degree pays (it never rules a single move out)."""
+    import itertools
+
+    space = {TP_: [1, 2, 4], PP_: [1, 2, 4], RG_: ["selective", "full"]}
+    base = {TP_: 4, PP_: 1, RG_: "full"}
+    cp = SyntheticControlPlane()
+    cp.objective, cp.baseline = sharded_objective, dict(base)
+
+    def fits(f: dict[str, Any]) -> bool:  # the memory estimate: here exact
+        return sharded_objective({**base, **f})[0] != "oom"
+
+    drive(HeuristicTuner(space, base, fits=fits), cp)
+    full = [{**base, **c} for c in cp.launched]
+    ooms = [f for f in full if sharded_objective(f)[0] == "oom"]
+    paid = [f for f in full if f[RG_] == "selective" and f[TP_] < 4 and sharded_objective(f)[0] == "ok"]
+    assert ooms and paid, full
+    best = max(t for combo in itertools.product(*space.values())
+               if (t := sharded_objective(dict(zip(space, combo, strict=True)))[1]) is not None)
+    assert cp.leader == pytest.approx(best)
+    assert cp.stop is not None and len(cp.launched) <= 16

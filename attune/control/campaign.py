@@ -74,12 +74,19 @@ def start(campaign_dir: Path | str, list_sha256: str | None = None,
             "window": list(spec.workload.window),
             "steps_per_run": spec.workload.steps_per_run,
             "tokens_per_step": spec.workload.tokens,
-            "replicate_check_runs": spec.gate.replicate_check_runs,
+            "replicate_check_runs": _replicate_check_runs(spec),
             "search_rules": "off" if search_rules == "off" else "enforced",
         },
     )
     state, _ = load(d)
     return spec, state
+
+
+def _replicate_check_runs(spec: CampaignSpec) -> int:
+    """The shipping policy's count (imported here alone: the control plane does not load the policy)."""
+    from attune.control.shipping import replicate_check_runs
+
+    return replicate_check_runs(spec)
 
 
 class RecordError(ControlError):

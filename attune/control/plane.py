@@ -675,7 +675,7 @@ class Control:
         b = self.spec.budget
         total = b.gpu_hours if b.gpu_hours is not None else b.default_multiple * run_cost
         reserve = b.reserve_gpu_hours
-        replicas = self.spec.gate.replicate_check_runs
+        replicas = state.replicate_check_runs  # what the campaign started with (shipping.replicate_check_runs)
         if reserve is None:  # the checks, plus the baseline's reference check run and its replicates (the noise)
             reserve = ((b.check_reserve_runs + 1 + replicas) * run_cost * self.spec.gate.convergence_steps
                        / self.spec.workload.steps_per_run)

@@ -444,16 +444,25 @@ def _rule4_layout_unprobed(c: _StopContext) -> RuleRefusal | None:
         "(a degree the layout enumerator shows infeasible to move is exempt)"), missing)
 
 
+def _more_savings(save: tuple[int, int], other: tuple[int, int]) -> bool:
+    return other[0] > save[0] or other[1] > save[1]
+
+
 def _retried_with_more_savings(c: _StopContext, r: RunState, key: tuple[int, ...], save: tuple[int, int]) -> bool:
-    """A run of the same layout with more savings, before or after, answers the question."""
+    """A run of the same layout with more savings, before or after, answers the question. The calibrated
+    baseline and the leader are measured recipes too: when the retry (the layout with its savings added
+    back) is one of them, it was measured already and need not be launched again."""
+    measured = [recipe(c.spec, None)[0]] if c.state.calibration is not None else []
+    measured.append(c.leader_args)
+    if any(layout_key(m, c.gpus) == key and _more_savings(save, memory_savings(m)) for m in measured):
+        return True
     for o in c.runs:
         if o.run_id == r.run_id:
             continue
         oa = c.full[o.run_id][0]
         if layout_key(oa, c.gpus) != key:
             continue
-        osave = memory_savings(oa)
-        if o.outcome == RunOutcome.OK or osave[0] > save[0] or osave[1] > save[1]:
+        if o.outcome == RunOutcome.OK or _more_savings(save, memory_savings(oa)):
             return True
     return False
 

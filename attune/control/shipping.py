@@ -9,7 +9,9 @@ broker that restarts (or a campaign resumed days later) carries on where it stop
    band, fastest first, at most three (`MAX_CANDIDATES`).
 3. **Reference**: one check run of the baseline (`gate.convergence_steps` steps, the baseline's data
    and seed), run once and cached: its loss curve and resolved arguments are what every candidate is
-   compared with. Then `gate.replicate_check_runs` (default 2) more check runs of the baseline: with
+   compared with. Then `gate.replicate_check_runs` more check runs of the baseline (default: none where
+   the calibration runs cover at least half of the check's judged steps, they are replicates already;
+   else 2, `replicate_check_runs`): with
    the reference they give three pairs of runs of the same objective, the fewest from which a
    spread can be read, and they cover every step of the check (the calibration runs, which also
    count, cover only `steps_per_run`). They set the noise envelope of the convergence check
@@ -95,6 +97,39 @@ def candidates(state: CampaignState, limit: int = MAX_CANDIDATES) -> list[RunSta
             and r.tokens_per_s_per_gpu is not None and beats(r.tokens_per_s_per_gpu, cal.mean, cal.band)]
     good.sort(key=lambda r: (-float(r.tokens_per_s_per_gpu or 0.0), r.admitted_seq or 0))
     return good[:limit]
+
+
+# The replicate check runs a spec that leaves `gate.replicate_check_runs` unset gets when its calibration
+# runs do not cover enough of the check's judged steps (with the reference: 3 pairs of same-objective runs).
+DEFAULT_REPLICATE_CHECK_RUNS = 2
+# The share of the check's judged steps the calibration runs must cover to stand in for those replicates.
+CALIBRATION_COVERAGE_MIN = 0.5
+# The convergence rule skips this share of a check's first steps (shared/reference/convergence-check.md).
+JUDGE_SKIP_FRACTION = 0.20
+
+
+def calibration_coverage(steps_per_run: int, convergence_steps: int) -> float:
+    """The share of a check run's judged steps (after the rule's skipped first steps) that a calibration run's
+    loss curve covers: it logs every step up to `steps_per_run`, the check runs `convergence_steps`."""
+    skip = int(convergence_steps * JUDGE_SKIP_FRACTION)
+    judged = convergence_steps - skip
+    return max(0, min(steps_per_run, convergence_steps) - skip) / judged if judged > 0 else 0.0
+
+
+def replicate_check_runs(spec: Any) -> int:
+    """The baseline's replicate check runs a campaign runs before its checks: the spec's number when it gives
+    one; else none where the calibration runs cover at least `CALIBRATION_COVERAGE_MIN` of the judged steps.
+    Calibration runs are runs of the baseline's recipe, data and seed: their loss curves are replicates
+    already (the shipper passes them to the judge as such), so a replicate check run would buy again the
+    spread they measured. The steps past their end get the gate's extrapolated envelope (the largest noise
+    seen; the judge notes it), and the reference rule of the convergence check does not use replicates at
+    all: no verdict gets laxer. Else `DEFAULT_REPLICATE_CHECK_RUNS`."""
+    given = spec.gate.replicate_check_runs
+    if given is not None:
+        return int(given)
+    enough = spec.calibration.runs >= DEFAULT_REPLICATE_CHECK_RUNS and calibration_coverage(
+        spec.workload.steps_per_run, spec.gate.convergence_steps) >= CALIBRATION_COVERAGE_MIN
+    return 0 if enough else DEFAULT_REPLICATE_CHECK_RUNS
 
 
 def _runs_of(state: CampaignState, kind: str, of: str) -> list[RunState]:

@@ -285,9 +285,11 @@ class Gate(_Strict):
         None, pattern=r"^[0-9a-f]{64}$", description="pinned SHA-256 of the list; a changed list is refused"
     )
     convergence_steps: int = Field(20, ge=5, description="steps of each correctness check run")
-    replicate_check_runs: int = Field(2, ge=0, le=10, description=(
+    replicate_check_runs: int | None = Field(None, ge=0, le=10, description=(
         "check runs of the baseline besides its reference run, paid from the reserve: the noise envelope of "
-        "the convergence check (with the reference, 2 give 3 pairs of same-objective runs)"))
+        "the convergence check (with the reference, 2 give 3 pairs of same-objective runs); default: none "
+        "where the calibration runs (replicates of the baseline already) cover at least half of the check's "
+        "judged steps, else 2 (attune.control.shipping.replicate_check_runs)"))
 
 
 # Environment variables a candidate may change (glob patterns); the gate classifies them further.

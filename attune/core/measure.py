@@ -24,6 +24,11 @@ DEFAULT_BAND_K_SIGMA = 3.0
 SECONDS_PER_HOUR = 3600.0
 EARLY_ABORT_FRACTION = 0.9  # a black-box tuner's run is pruned below 0.9 x the leader ...
 EARLY_ABORT_STEPS = 4  # ... once this many measured steps have run
+# A clearly lost run is cut sooner: below this fraction of the leader after this many measured steps. A
+# quarter below the leader is many times any band a calibration sets (3% floor, k sigma), and the measured
+# steps already exclude the warm-up, so two of them cannot bring such a run back within the band.
+EARLY_ABORT_CLEAR_FRACTION = 0.75
+EARLY_ABORT_CLEAR_STEPS = 2
 
 
 def window_iterations(start_step: int, end_step: int) -> range:
@@ -75,6 +80,8 @@ class EarlyAbort:
 
     fraction: float = EARLY_ABORT_FRACTION
     min_steps: int = EARLY_ABORT_STEPS
+    clear_fraction: float = EARLY_ABORT_CLEAR_FRACTION  # of the leader: below it the run is clearly lost ...
+    clear_steps: int = EARLY_ABORT_CLEAR_STEPS  # ... and is cut after this many measured steps
 
     def floor(self, leader_tokens_per_s_per_gpu: float) -> float:
         return leader_tokens_per_s_per_gpu * self.fraction
@@ -83,7 +90,11 @@ class EarlyAbort:
         if floor is None or partial is None:
             return False
         value, steps = partial
-        return steps >= self.min_steps and value < floor
+        if steps >= self.min_steps and value < floor:
+            return True
+        # the floor is `fraction` x the leader: the clear-loss line is `clear_fraction` x the same leader
+        clear = floor / self.fraction * min(self.clear_fraction, self.fraction) if self.fraction > 0 else 0.0
+        return self.clear_steps <= steps < self.min_steps and value < clear
 
     def reason(self, partial: tuple[float, int], floor: float) -> str:
         return (f"early abort: {partial[0]:.6g} tokens/s/GPU over {partial[1]} measured steps, below the threshold "

@@ -100,6 +100,8 @@ def drive(
                         res.failed += 1
                     elif out.outcome == RunOutcome.PRUNED:
                         res.pruned += 1
+                if out.tokens_per_s_per_gpu is not None:  # what the tuner compares a measurement with
+                    out.extra.setdefault("leader_tps", cp.leader_tps())
                 tuner.tell(cand, out)
                 exhausted = False  # an outcome can give the tuner new work (rule 5's retry of an OOM layout)
                 res.outcomes.append((cand, out))

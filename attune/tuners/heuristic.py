@@ -33,6 +33,11 @@ FULL_RECOMPUTE: dict[str, ArgValue] = {"--recompute-granularity": "full", "--rec
                                        "--recompute-num-layers": 1}
 # Outcomes that say nothing about the recipe (attune.core.vocab's infrastructure and cancelled).
 NOT_THE_RECIPES = frozenset({RunOutcome.INFRASTRUCTURE, RunOutcome.CANCELLED})
+# Coupled moves queued to pay for one out-of-memory move with more sharding (`_pay_for_memory`).
+PAYERS = 2
+# Full recomputation repeats each layer's forward pass: about a third of a step's compute (forward 1,
+# backward 2), so dropping it speeds a step up by at most 1 / (1 - 1/3).
+FULL_RECOMPUTE_MAX_SPEEDUP = 1.5
 Coupler = Callable[[dict[str, ArgValue], str, ArgValue], "dict[str, ArgValue] | None"]
 # The framework's argument rules over a recipe's full flags (`attune.knowledge.coherence.cohere`):
 # (the candidate's flags, the flags it moved from) -> the coherent flags.
@@ -114,6 +119,8 @@ class HeuristicTuner(Tuner):
         self.current_lever: str | None = None
         self.improved_this_pass = False
         self.pending_retry: deque[Candidate] = deque()
+        # Coupled moves that pay for an out-of-memory move (`_pay_for_memory`), with the leader's layout then.
+        self.deferred: deque[tuple[str, Candidate]] = deque()
         self.tried.add(self.key({}))
         self._lever_iter: deque[str] = deque()
         self._start_pass()
@@ -227,6 +234,9 @@ class HeuristicTuner(Tuner):
                 self.ruled_out = {lv: why for (lay, lv), why in self.learned.items() if lay == here}
                 self._lever_iter = deque(self.order)
             if not self._lever_iter:
+                paid = self._next_deferred()
+                if paid is not None:
+                    return paid
                 if self.retest_done or not self.improved_this_pass or self.passes >= self.max_passes:
                     return self._rule4_probe()
                 # Rule 6, and only what it asks: a lever that won on an earlier layout and whose winning
@@ -247,6 +257,15 @@ class HeuristicTuner(Tuner):
             self.current_lever = lever
             self.failures[lever] = 0
             self.queue = deque((lever, v) for v in self._values_to_try(lever))
+
+    def _next_deferred(self) -> Candidate | None:
+        """The next coupled move made on the leader's current layout (stale ones are dropped)."""
+        here = self._layout()
+        while self.deferred:
+            made_on, cand = self.deferred.popleft()
+            if made_on == here:
+                return cand
+        return None
 
     def _rule4_probe(self) -> Candidate | None:
         """Rule 4's last check before the stop: a parallel degree of the space that no launched candidate
@@ -283,11 +302,13 @@ class HeuristicTuner(Tuner):
                 self.moved.setdefault(flag, set()).add(1 if full.get(flag) is None else full.get(flag))
         if outcome.promoted:
             old = self._value(lever)
+            was = self._layout()
             self.win_dir[lever] = (old, tok.get("value"))
             self.leader = dict(candidate.changes)
             self.win_layout[lever] = self._layout()
             self.improved_this_pass = True
-            self.restart = self.restart or lever in PLACEMENT_FLAGS
+            # a placement lever won, or a coupled move moved the layout with it
+            self.restart = self.restart or lever in PLACEMENT_FLAGS or self.win_layout[lever] != was
             if lever not in self.won:
                 self.won.append(lever)
             # Keep moving in the direction that won, drop the other direction.
@@ -296,8 +317,14 @@ class HeuristicTuner(Tuner):
                 (lever, v) for v in self._values_to_try(lever) if self._beyond(lever, v, tok.get("value"), old)
             )
             return
-        if outcome.outcome == RunOutcome.OOM and not tok.get("retried") and self._retry_after_oom(candidate, tok, lever):
-            return
+        if outcome.outcome == RunOutcome.OOM and not tok.get("retried"):
+            if self._retry_after_oom(candidate, tok, lever):
+                return
+            if self._pay_for_memory(candidate.changes, tok, lever):
+                return
+        elif tok.get("retried") and not tok.get("paid") and "oom_changes" in tok and self._may_pay(outcome):
+            # Rule 5's retry did not lead: the memory the move lacked may be paid for by sharding instead.
+            self._pay_for_memory(tok["oom_changes"], tok, lever)
         # Outcomes arrive out of order when runs overlap: a late outcome of another lever counts against
         # that lever, never against the one being probed now.
         self.failures[lever] = self.failures.get(lever, 0) + 1
@@ -336,7 +363,7 @@ class HeuristicTuner(Tuner):
                     changes=changes, lever=lever,
                     hypothesis=(f"rule 5: {lever}={tok.get('value')} ran out of memory; add back full recomputation "
                                 "and measure again before ruling the layout out"),
-                    token={**tok, "retried": True},
+                    token={**tok, "retried": True, "oom_changes": dict(candidate.changes)},
                 ))
                 return True
         for saver, val in MEMORY_SAVERS.items():
@@ -352,6 +379,79 @@ class HeuristicTuner(Tuner):
                     ))
                     return True
         return False
+
+    @staticmethod
+    def _may_pay(retry: Outcome) -> bool:
+        """Whether paying for the memory with sharding can beat the leader, by the retry's measurement: the
+        paid move saves at most the full recomputation the retry added (`FULL_RECOMPUTE_MAX_SPEEDUP`) and
+        the degree that pays costs something, so a retry slower than the leader by more than that cannot
+        be rescued. A retry without a measurement (out of memory again) says nothing: pay."""
+        tps, leader = retry.tokens_per_s_per_gpu, retry.extra.get("leader_tps")
+        if tps is None or not isinstance(leader, (int, float)) or leader <= 0:
+            return True
+        return tps * FULL_RECOMPUTE_MAX_SPEEDUP > leader
+
+    def _pay_for_memory(self, oom: dict[str, ArgValue], tok: dict[str, Any], lever: str) -> bool:
+        """A coupled move, first-class: a move that ran out of memory (less recomputation, a narrower TP or EP)
+        paid for by more sharding elsewhere (a deeper pipeline, more TP, CP or EP: the next value up of
+        another placement degree, at its nearest feasible layout, the moved lever kept). Only moves the
+        memory estimate says fit are queued (it orders the payers; without an estimate, the first one),
+        fewest degrees moved first, at most `PAYERS` of them. They run once the lever pass is through, and
+        only while the leader is still on the layout they were made from (a new leader makes them stale).
+        False: nothing to queue."""
+        origin = self._full(oom)
+        moved = origin.get(lever)
+        here = self._layout()
+        options = self._payers(origin, lever, moved)
+        if options and options[0][0][0] == 1:
+            options = options[:1]
+        queued = 0
+        for _, full, flag, value in options:
+            if queued >= PAYERS:
+                break
+            changes = self.diff(full)
+            key = self.key(changes)
+            if key in self.tried:
+                continue
+            self.tried.add(key)
+            self.deferred.append((here, Candidate(
+                changes=changes, lever=lever,
+                hypothesis=(f"coupled move: {lever}={moved} ran out of memory; pay for it with {flag}={value} "
+                            "(more sharding) instead of the memory saving it dropped"),
+                token={**tok, "retried": True, "paid": True},
+            )))
+            queued += 1
+        return queued > 0
+
+    def _payers(self, origin: dict[str, ArgValue], lever: str, moved: ArgValue
+                ) -> list[tuple[tuple[int, int], dict[str, ArgValue], str, ArgValue]]:
+        """The coherent recipes that pay for `origin`'s memory with another placement degree one step up,
+        ((estimate unsure, degrees moved), flags, the paying degree, its value), best first."""
+        options: list[tuple[tuple[int, int], dict[str, ArgValue], str, ArgValue]] = []
+        for flag in self.order:
+            if flag not in PLACEMENT_FLAGS or flag == lever:
+                continue
+            cur = origin.get(flag)
+            cur_n = 1 if cur in (None, False) else cur
+            ups = [v for v in self.space[flag] if isinstance(v, int) and isinstance(cur_n, int) and v > cur_n]
+            if not ups:
+                continue
+            value = min(ups)
+            full: dict[str, ArgValue] | None = {**origin, flag: value}
+            if self.couple is not None and full is not None:
+                full = self.couple(full, flag, value)
+            if full is None or (lever in self.space and str(full.get(lever)) != str(moved)):
+                continue  # no feasible layout pays for it, or the one that does undoes the move
+            full = self._coherent(full, origin)
+            try:
+                fit = None if self.fits is None else self.fits(full)
+            except Exception:  # an estimate that cannot be made says nothing
+                fit = None
+            if fit is False:
+                continue
+            n_moved = sum(1 for f in PLACEMENT_FLAGS if str(full.get(f)) != str(origin.get(f)))
+            options.append(((0 if fit else 1, n_moved), full, flag, value))
+        return sorted(options, key=lambda o: o[0])
 
     def _beyond(self, lever: str, value: ArgValue, won_value: ArgValue, prev: ArgValue) -> bool:
         """Whether `value` lies further along the direction that took `prev` to `won_value`."""
