@@ -236,7 +236,10 @@ def test_a_borderline_candidate_gets_one_replicate_check_run_paid_from_the_reser
     assert admitted and admitted[0]["purpose"] == "replicate" and "borderline" in admitted[0]["hypothesis"]
     # paid from the check reserve: every check run, the replicate included, is charged to it
     check_runs = [r for r in st.runs.values() if r.kind == "check"]
-    assert sorted(r.base_run_id or "" for r in check_runs) == sorted(["baseline"] * 3 + [cand, cand])
+    from attune.control.spec import load_spec
+
+    baseline_checks = 1 + shipping.replicate_check_runs(load_spec(d / "campaign.yaml"))
+    assert sorted(r.base_run_id or "" for r in check_runs) == sorted(["baseline"] * baseline_checks + [cand, cand])
     assert st.budget.reserve_used == pytest.approx(sum(r.charge_gpu_hours for r in check_runs))
     # its verdict decides: with its own spread the candidate passes and ships
     assert again["passed"], again["reason"]
