@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from attune.control.campaign import record_assumption, record_stop
-from attune.control.plane import Admission, Control, JobFacts, LaunchRequest
+from attune.control.plane import Admission, Control, JobFacts, LaunchRequest, charge_bound
 from attune.core.campaign_paths import LEDGER_FILE, RUN_KILL_FILE, RUN_LOG
 from attune.core.measure import PRUNER, partial_throughput
 from attune.core.state import CampaignState, RunState
@@ -203,11 +203,33 @@ class CampaignHandle:
             if idle is not None and idle >= limit:
                 detail = f"no log progress for {idle:.0f} s (limit {limit:g} s): killed by the broker's watchdog"
                 return events + [self._kill(run, RunOutcome.HANG, detail, idle)]
+            over = self._over_bound(run, st)
+            if over is not None:
+                return events + [self._kill(run, RunOutcome.OVERRUN, over, idle)]
             if run.prune_below is not None:
                 partial = self.partial_throughput(run.run_id)
                 if partial is not None and PRUNER.prune(partial, run.prune_below):
                     return events + [self._kill(run, RunOutcome.PRUNED, PRUNER.reason(partial, run.prune_below), idle)]
         return events
+
+    def _clock(self) -> float:
+        """Now, on the backend's clock (a simulated cluster keeps its own; the others, the wall clock)."""
+        now = getattr(self.backend, "now", None)
+        return float(now) if isinstance(now, (int, float)) else time.time()
+
+    def _over_bound(self, run: RunState, st: JobStatus) -> str | None:
+        """Why a running job must stop now: what it has used reached its charge bound (`charge_bound`)."""
+        started = st.started_at if st.started_at is not None else run.started_at
+        if started is None:
+            return None
+        bound = charge_bound(self.control.state(), run, self.spec.budget.overrun_factor)
+        if bound is None:
+            return None
+        used = self.spec.cluster.gpus * max(0.0, self._clock() - started) / 3600.0
+        if used < bound[0]:
+            return None
+        return (f"stopped by the monitor at its charge bound: used {used:.6g} GPU-h, bound {bound[0]:.6g} GPU-h "
+                f"({bound[1]})")
 
     def _kill(self, run: RunState, why: str, detail: str, idle: float | None) -> str:
         assert run.backend_id is not None

@@ -201,7 +201,8 @@ class TuneResult:
         return {"campaign_dir": str(self.campaign_dir), "tuner": self.tuner,
                 "outcome": "failed" if self.failed else "shipped", "failed": self.failed, "shipped": self.shipped,
                 "report_md": str(self.report_md), "report_html": str(self.report_html),
-                "headline": self.headline, "seconds": round(self.seconds, 1), "replayed": self.replayed,
+                "headline": self.headline, "noise": self.headline.get("noise"),
+                "seconds": round(self.seconds, 1), "replayed": self.replayed,
                 "notes": self.notes}
 
 

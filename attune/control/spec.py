@@ -257,7 +257,12 @@ class Budget(_Strict):
             "(check_reserve_runs + 1 + gate.replicate_check_runs) x one gate.convergence_steps-step check run")
     )
     concurrency: PositiveInt = Field(3, description="jobs in flight at once")
-    infra_reserve_gpu_hours: NonNegFloat = Field(0.0, description="pays for infrastructure failures")
+    infra_reserve_gpu_hours: NonNegFloat = Field(0.0, description=(
+        "pays for infrastructure failures (not retries) while it covers the whole charge; once spent, "
+        "infrastructure failures are charged to the budget"))
+    overrun_factor: float = Field(2.0, ge=1.0, description=(
+        "the monitor stops a run once it has used this many times its expected cost, or its expected cost "
+        "plus its share of what the budget has left, whichever is lower (outcome overrun)"))
 
     @model_validator(mode="after")
     def _reserve_fits(self) -> Budget:

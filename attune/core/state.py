@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from attune.core import ledger as ledger_mod
-from attune.core.measure import Calibration, beats, calibrate, gain
+from attune.core.measure import Calibration, beats, calibrate, gain, noise_note
 from attune.core.vocab import RECIPE_FAILURES, RunKind, Verdict
 
 CHECK_KINDS = frozenset({"check"})
@@ -447,7 +447,9 @@ class CampaignState:
                 "run_id": self.leader_run_id,
                 "tokens_per_s_per_gpu": self.leader_tokens_per_s_per_gpu,
                 "gain": self.leader_gain(),
+                "gain_evidence": gain_evidence(self, self.leader_run_id),
             },
+            "noise": noise_note(cal.band if cal else None),
             "runs": [asdict(r) for r in self.runs.values()],
             "in_flight": [r.run_id for r in self.in_flight],
             "launches": sum(1 for r in self.runs.values() if r.kind == "search"),
@@ -468,6 +470,27 @@ class CampaignState:
             "failed": self.failed,
             "missing_for_stop": self.missing_for_stop(),
         }
+
+
+def gain_evidence(state: CampaignState, run_id: str | None) -> str | None:
+    """How well a search run's gain is established: `unconfirmed` while it rests on the one measurement
+    that cleared the band, `confirmed` once the final re-measurement of the recipe beats the baseline
+    (re-measured too, where it was) by more than the band, `not_confirmed` when it does not. None: no
+    gain to judge (the baseline, no calibration)."""
+    cal = state.calibration
+    if cal is None or run_id is None or run_id == "baseline" or run_id not in state.runs:
+        return None
+
+    def repeats(of: str) -> list[float]:
+        rows = [r for r in state.remeasurements if r.get("recipe_of") == of and r.get("tokens_per_s_per_gpu")]
+        return [float(r["tokens_per_s_per_gpu"]) for r in rows if r.get("valid", True)]
+
+    mine = repeats(run_id)
+    if not mine:
+        return "unconfirmed"
+    base = repeats("baseline") or [cal.mean]
+    mean = sum(mine) / len(mine)
+    return "confirmed" if beats(mean, sum(base) / len(base), cal.band) else "not_confirmed"
 
 
 def fold(rows: Iterable[ledger_mod.Row]) -> CampaignState:

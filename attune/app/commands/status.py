@@ -32,6 +32,8 @@ def render(s: dict[str, Any]) -> None:
     con = Console()
     b, c, lead = s["budget"], s["calibration"], s["leader"]
     con.print(f"[bold]campaign[/] {s['name']}  gpus={s['gpus']}  rows={s['rows']}")
+    if (s.get("noise") or {}).get("noisy"):
+        con.print(f"[bold yellow]noise:[/] {s['noise']['message']}")
     con.print(
         f"budget: total {_fmt(b['total_gpu_hours'])} GPU-h, charged {_fmt(b['charged_gpu_hours'])}, "
         f"in flight {_fmt(b['in_flight_gpu_hours'])}, reserve left {_fmt(b['reserve_left_gpu_hours'])}, "
