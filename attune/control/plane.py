@@ -386,7 +386,7 @@ class Control:
         """Decide a launch request. Never raises for a refusal: the Admission says why."""
         if not isinstance(request, LaunchRequest):
             request = LaunchRequest.model_validate(request)
-        with campaign_lock(self.dir):
+        with campaign_lock(self.dir), self.ledger.transaction():  # one decision, one commit
             state = self.state()
             try:
                 if spec_sha256(self.dir / CAMPAIGN_FILE) != self.spec_sha256:
@@ -445,7 +445,7 @@ class Control:
         re-measurement is charged outside the budget (`final`)."""
         if kind not in ("check", "remeasure"):
             raise ValueError(f"kind must be check or remeasure, got {kind!r}")
-        with campaign_lock(self.dir):
+        with campaign_lock(self.dir), self.ledger.transaction():  # one decision, one commit
             state = self.state()
             try:
                 decision = self._decide_final(state, kind, of)
@@ -645,7 +645,7 @@ class Control:
 
     def finish(self, run_id: str, facts: JobFacts) -> dict[str, Any]:
         """Score, classify, charge and (maybe) promote a run that ended. Idempotent."""
-        with campaign_lock(self.dir):
+        with campaign_lock(self.dir), self.ledger.transaction():  # one decision, one commit
             state = self.state()
             run = state.runs.get(run_id)
             if run is None:

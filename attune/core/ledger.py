@@ -600,6 +600,32 @@ class Ledger:
     def __init__(self, campaign_dir: Path | str) -> None:
         self.dir = Path(campaign_dir)
         self.path = self.dir / LEDGER_NAME
+        self._txn_depth = 0
+        self._pending: tuple[bytes, int, str] | None = None  # (key, rows, head) to fsync and anchor at commit
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Ledger]:
+        """The rows of one decision, committed together: each `append` inside writes its row (readers see
+        it at once: its MAC makes it valid beyond the anchor), and the exit fsyncs the file once and moves
+        the anchor once. A SIGKILL inside loses nothing written (the kernel holds it); the exit, even by an
+        exception, commits what was written."""
+        self._txn_depth += 1
+        try:
+            yield self
+        finally:
+            self._txn_depth -= 1
+            if self._txn_depth == 0 and self._pending is not None:
+                self._commit()
+
+    def _commit(self) -> None:
+        assert self._pending is not None
+        key, rows, head = self._pending
+        self._pending = None
+        with _locked(self.path) as fh:
+            os.fsync(fh.fileno())
+            anchor = _read_anchor(self.dir, key)
+            if anchor is None or anchor.rows < rows:  # another writer may have anchored further already
+                _write_anchor(self.dir, key, rows, head)
 
     def exists(self) -> bool:
         return self.path.exists()
@@ -650,6 +676,9 @@ class Ledger:
             fh.seek(0, os.SEEK_END)
             fh.write(canonical_line(row))
             fh.flush()
+            if self._txn_depth:  # inside a transaction: one fsync and one anchor at its commit
+                self._pending = (key, seq + 1, h)
+                return row
             os.fsync(fh.fileno())
             _write_anchor(self.dir, key, seq + 1, h)
             return row
