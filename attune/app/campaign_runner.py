@@ -117,6 +117,11 @@ class LedgerWatcher:
 
     def poll(self) -> list[str]:
         try:
+            if os.stat(self.dir / ledger_mod.LEDGER_NAME).st_size == self.offset:
+                return []  # nothing appended since the last poll (rows are only ever appended)
+        except OSError:
+            return []
+        try:
             res = ledger_mod.read(self.dir, self.offset, self.state.last_seq + 1, self.state.last_hash)
         except ledger_mod.LedgerError:
             return []

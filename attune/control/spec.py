@@ -11,6 +11,7 @@ frozen and hashed when the campaign starts.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -485,6 +486,10 @@ def parse_spec(data: Any, source: str = "<campaign>") -> CampaignSpec:
         raise SpecError(source, problems_from_validation(exc)) from None
 
 
+_PARSED: dict[str, Any] = {}  # a spec's text -> its checked YAML data (parsed once per content)
+_PARSED_MAX = 8
+
+
 def load_spec(path: Path | str) -> CampaignSpec:
     """Read and validate a campaign.yaml (or a campaign directory holding one)."""
     p = Path(path)
@@ -496,6 +501,8 @@ def load_spec(path: Path | str) -> CampaignSpec:
         text = read_text(p, "campaign spec", MAX_SPEC_BYTES)
     except InputError as exc:
         raise SpecError(p, [("(file)", str(exc).replace(f"campaign spec {p}: ", ""))]) from None
+    if text in _PARSED:  # the same bytes parse to the same data: parse them once (a campaign reads its spec often)
+        return parse_spec(copy.deepcopy(_PARSED[text]), str(p))
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
         check_strings(data, "the spec")
@@ -508,6 +515,9 @@ def load_spec(path: Path | str) -> CampaignSpec:
         raise SpecError(p, [("(yaml)", "invalid YAML: nested too deeply")]) from None
     except InputError as exc:
         raise SpecError(p, [("(yaml)", str(exc))]) from None
+    if len(_PARSED) >= _PARSED_MAX:
+        _PARSED.pop(next(iter(_PARSED)))
+    _PARSED[text] = copy.deepcopy(data)
     return parse_spec(data, str(p))
 
 

@@ -210,10 +210,18 @@ def _user_home() -> str:
         return os.path.expanduser("~")
 
 
+_KEYS_DIR: dict[tuple[str | None, int], Path] = {}  # (XDG_STATE_HOME, uid) -> keys_dir(): no passwd look-up per read
+
+
 def keys_dir() -> Path:
     """`${XDG_STATE_HOME:-~/.local/state}/attune/ledger-keys` (`~`: the user's home directory)."""
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(_user_home(), ".local", "state")
-    return Path(base) / "attune" / "ledger-keys"
+    xdg = os.environ.get("XDG_STATE_HOME") or None
+    ident = (xdg, os.getuid())
+    hit = _KEYS_DIR.get(ident)
+    if hit is None:
+        base = xdg or os.path.join(_user_home(), ".local", "state")
+        hit = _KEYS_DIR[ident] = Path(base) / "attune" / "ledger-keys"
+    return hit
 
 
 def campaign_id(campaign_dir: Path | str) -> str:
@@ -227,6 +235,12 @@ def key_path(campaign_dir: Path | str) -> Path:
 
 def anchor_path(campaign_dir: Path | str) -> Path:
     return keys_dir() / (campaign_id(campaign_dir) + ".anchor")
+
+
+def auth_paths(campaign_dir: Path | str) -> tuple[Path, Path]:
+    """(key path, anchor path) of a campaign, its real path resolved once."""
+    d, cid = keys_dir(), campaign_id(campaign_dir)
+    return d / cid, d / (cid + ".anchor")
 
 
 _KEY_CACHE: dict[str, tuple[tuple[int, int, int], bytes]] = {}
@@ -294,9 +308,10 @@ class Anchor:
     dir: tuple[int, ...] = ()  # the campaign directory's (device, inode) when the anchor was written
 
 
-def _read_anchor(campaign_dir: Path, key: bytes | None) -> Anchor | None:
-    """The anchor (None: absent). Raises LedgerError if it is unreadable or its MAC is wrong."""
-    p = anchor_path(campaign_dir)
+def _read_anchor(campaign_dir: Path, key: bytes | None, path: Path | None = None) -> Anchor | None:
+    """The anchor (None: absent; `path`: its path, when known). Raises LedgerError if it is unreadable or
+    its MAC is wrong."""
+    p = path or anchor_path(campaign_dir)
     try:
         with open(p, "rb") as fh:
             raw = fh.read(4096)
@@ -337,8 +352,9 @@ def _reader_auth(campaign_dir: Path, ledger_has_rows: bool, chain_only: bool = F
         return _Auth(None, None, "a copy checked without its key: the chain is checked, not the rows' MACs")
     if os.environ.get(AUTH_ENV, "").strip().lower() == "chain":
         note = f"{AUTH_ENV}=chain: the chain is checked, not the rows' MACs"
+        ap = anchor_path(campaign_dir)
     else:
-        kp = key_path(campaign_dir)
+        kp, ap = auth_paths(campaign_dir)
         try:
             key = _load_key(kp)
         except FileNotFoundError:
@@ -354,14 +370,13 @@ def _reader_auth(campaign_dir: Path, ledger_has_rows: bool, chain_only: bool = F
         except OSError as exc:
             note = f"the ledger key {kp} cannot be read ({exc.strerror}): the chain is checked, not the MACs"
     try:
-        anchor = _read_anchor(campaign_dir, key)
+        anchor = _read_anchor(campaign_dir, key, ap)
     except PermissionError:
         anchor = None
     except OSError:
         anchor = None
     if key is not None and anchor is None and ledger_has_rows:
-        raise LedgerError(f"anchor missing: the key exists but there is no anchor at {anchor_path(campaign_dir)}",
-                          "anchor_missing")
+        raise LedgerError(f"anchor missing: the key exists but there is no anchor at {ap}", "anchor_missing")
     return _Auth(key, anchor, note)
 
 
