@@ -296,9 +296,9 @@ def _dir_identity(campaign_dir: Path) -> list[int]:
     return [st.st_dev, st.st_ino]
 
 
-def _write_anchor(campaign_dir: Path, key: bytes, rows: int, head: str) -> None:
+def _write_anchor(campaign_dir: Path, key: bytes, rows: int, head: str, path: Path | None = None) -> None:
     body = {"rows": rows, "head": head, "mac": _anchor_mac(key, rows, head), "dir": _dir_identity(campaign_dir)}
-    _write_private(anchor_path(campaign_dir), json.dumps(body, sort_keys=True).encode() + b"\n")
+    _write_private(path or anchor_path(campaign_dir), json.dumps(body, sort_keys=True).encode() + b"\n")
 
 
 @dataclass(frozen=True)
@@ -636,11 +636,12 @@ class Ledger:
         assert self._pending is not None
         key, rows, head = self._pending
         self._pending = None
+        ap = anchor_path(self.dir)
         with _locked(self.path) as fh:
             os.fsync(fh.fileno())
-            anchor = _read_anchor(self.dir, key)
+            anchor = _read_anchor(self.dir, key, ap)
             if anchor is None or anchor.rows < rows:  # another writer may have anchored further already
-                _write_anchor(self.dir, key, rows, head)
+                _write_anchor(self.dir, key, rows, head, ap)
 
     def exists(self) -> bool:
         return self.path.exists()
@@ -657,11 +658,12 @@ class Ledger:
         with _locked(self.path) as fh:
             size = _repair_torn_tail(fh, self.path)
             last = _last_line(fh, size)
-            key = self._writer_key(fresh and last is None, last is not None)
-            anchor = _read_anchor(self.dir, key)
+            kp, ap = auth_paths(self.dir)
+            key = self._writer_key(fresh and last is None, last is not None, kp)
+            anchor = _read_anchor(self.dir, key, ap)
             if anchor is None:
                 if last is not None:
-                    raise LedgerError(f"anchor missing: no anchor at {anchor_path(self.dir)}; refusing to append",
+                    raise LedgerError(f"anchor missing: no anchor at {ap}; refusing to append",
                                       "anchor_missing")
                 anchor = Anchor(0, GENESIS)
             if last is None:
@@ -695,7 +697,7 @@ class Ledger:
                 self._pending = (key, seq + 1, h)
                 return row
             os.fsync(fh.fileno())
-            _write_anchor(self.dir, key, seq + 1, h)
+            _write_anchor(self.dir, key, seq + 1, h, ap)
             return row
 
     def _check_fresh_start(self, type_: str) -> None:
@@ -715,9 +717,10 @@ class Ledger:
                               "start a new ledger here with anything but campaign_started", "truncated")
         _retire(self.dir)
 
-    def _writer_key(self, new_ledger: bool, has_rows: bool) -> bytes:
-        """The key to append with. A ledger file that did not exist starts a new key and anchor."""
-        kp = key_path(self.dir)
+    def _writer_key(self, new_ledger: bool, has_rows: bool, kp: Path | None = None) -> bytes:
+        """The key to append with (`kp`: its path, when known). A ledger file that did not exist starts
+        a new key and anchor."""
+        kp = kp or key_path(self.dir)
         if new_ledger:
             return _new_key(self.dir)
         try:

@@ -33,6 +33,7 @@ Budget arithmetic (GPU-hours):
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 import threading
@@ -190,13 +191,17 @@ class CampaignState:
         # shared with a snapshot (`copy`) and copied before their first change. Not a field: equality,
         # `fields()` and `replace` ignore it (a replaced state owns nothing and copies before changing).
         self._owned: set[str] = set()
+        self._calibrated: tuple[tuple[Any, ...], Calibration] | None = None  # (its inputs, the calibration)
 
     # ---- derived -------------------------------------------------------------------
     @property
     def calibration(self) -> Calibration | None:
         if len(self.calibration_values) < max(1, self.calibration_runs_required):
             return None
-        return calibrate(self.calibration_values, self.band_floor, self.band_k_sigma)
+        ident = (tuple(self.calibration_values), self.band_floor, self.band_k_sigma)
+        if self._calibrated is None or self._calibrated[0] != ident:  # statistics' exact sums are slow: once
+            self._calibrated = (ident, calibrate(self.calibration_values, self.band_floor, self.band_k_sigma))
+        return self._calibrated[1]
 
     @property
     def baseline_mean(self) -> float | None:
@@ -501,21 +506,28 @@ def _shallow(obj: _T) -> _T:
 RUN_FIELDS = tuple(f.name for f in fields(RunState))
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 def _plain(v: Any) -> Any:
-    """A deep copy of a JSON-like value (dicts, lists, tuples and scalars)."""
-    if isinstance(v, dict):
-        return {k: _plain(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_plain(x) for x in v]
-    if isinstance(v, tuple):
-        return tuple(_plain(x) for x in v)
-    return v
+    """A deep copy of a JSON-like value, as `dataclasses.asdict` copies a field (dicts, lists, tuples;
+    anything else through `copy.deepcopy`)."""
+    t = type(v)
+    if t in _SCALARS:
+        return v
+    if t is dict:
+        return {k: x if type(x) in _SCALARS else _plain(x) for k, x in v.items()}
+    if t is list:
+        return [x if type(x) in _SCALARS else _plain(x) for x in v]
+    if t is tuple:
+        return tuple(x if type(x) in _SCALARS else _plain(x) for x in v)
+    return copy.deepcopy(v)
 
 
 def run_dict(run: RunState) -> dict[str, Any]:
     """`dataclasses.asdict(run)` for a RunState (whose values are JSON-like), several times faster."""
     d = run.__dict__
-    return {name: _plain(d[name]) for name in RUN_FIELDS}
+    return {name: v if type(v := d[name]) in _SCALARS else _plain(v) for name in RUN_FIELDS}
 
 
 def gain_evidence(state: CampaignState, run_id: str | None) -> str | None:
@@ -708,20 +720,42 @@ class Follower:
         out: list[bytes | None] = []
         for p in self._auth_files:
             try:
-                with open(p, "rb") as fh:
-                    out.append(fh.read(8192))
+                fd = os.open(p, os.O_RDONLY)
             except FileNotFoundError:
                 out.append(None)
+                continue
             except OSError:
                 return None
+            try:
+                out.append(os.read(fd, 8192))
+            except OSError:
+                return None
+            finally:
+                os.close(fd)
         return tuple(out)
 
     def _unchanged(self, st: os.stat_result) -> bool:
-        """Whether a full read now would read exactly the bytes of the last one (ledger, anchor, key),
-        compared by content: nothing to read or fold."""
-        return (self.verify_prefix and self._auth_bytes is not None and self.offset > 0
-                and st.st_size == self.offset and self.torn_tail is None
-                and self._auth_content() == self._auth_bytes and self._prefix_intact(st))
+        """Whether a full read now would read exactly the bytes of the last one (the ledger's, the
+        anchor's and the key's), compared by content: then there is nothing to read or fold."""
+        if not (self.verify_prefix and self._auth_bytes is not None and self.offset > 0 and self.torn_tail is None
+                and st.st_size == self.offset and self._ident == (st.st_dev, st.st_ino)):
+            return False
+        if self._auth_content() != self._auth_bytes:
+            return False
+        if self._prefix is None:  # a ledger over PREFIX_COPY_MAX: its digest
+            return self._prefix_intact(st)
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            fs = os.fstat(fd)
+            # One byte more than was read: a row appended since the stat makes it differ (and is read).
+            return (fs.st_dev, fs.st_ino) == self._ident and os.pread(fd, self.offset + 1, 0) == self._prefix
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
 
     def _files(self, st: os.stat_result) -> tuple[Any, ...]:
         """What a refresh compares to know nothing changed: the ledger's, the anchor's and the key's
