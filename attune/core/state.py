@@ -567,7 +567,7 @@ def load(campaign_dir: Path | str, *, chain_only: bool = False) -> tuple[Campaig
 
 _CURRENT: dict[str, Follower] = {}  # real path of a campaign directory -> its Follower (`current`)
 _CURRENT_LOCK = threading.Lock()
-_CURRENT_MAX = 16
+_CURRENT_MAX = 4  # each keeps a copy of its ledger (PREFIX_COPY_MAX): a few campaigns per process
 
 
 def current(campaign_dir: Path | str) -> CampaignState:
