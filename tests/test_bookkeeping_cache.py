@@ -115,3 +115,22 @@ def test_a_spec_is_parsed_once_per_content(tmp_path: Path, monkeypatch: pytest.M
     (tmp_path / "campaign.yaml").write_text(text.replace(f"name: {a.name}", "name: edited-sim", 1))
     c = spec_mod.load_spec(tmp_path)
     assert c.name == "edited-sim" and a.name != "edited-sim" and len(parses) == 2  # new bytes: parsed again
+
+
+def test_a_full_read_reuses_only_the_bytes_it_verified(tmp_path: Path) -> None:
+    """A second full read re-parses the rows the first verified only while the file starts with those
+    very bytes under the same key: a same-size edit of a verified row is named as without the reuse."""
+    led = _fill(tmp_path)
+    first = ledger.read(tmp_path)
+    led.append("run_started", {"run_id": "r2"})
+    second = ledger.read(tmp_path)  # the verified rows again, and the new one verified
+    assert [r.hash for r in second.rows[:-1]] == [r.hash for r in first.rows] and second.rows[-1].type == "run_started"
+    second.rows[1].data["changes"]["env"]["A"].append("mine")  # the caller's own objects
+    assert ledger.read(tmp_path).rows[1].data["changes"]["env"]["A"] == ["x", 1]
+    path = tmp_path / ledger.LEDGER_NAME
+    rows = [json.loads(x) for x in path.read_bytes().splitlines()]
+    rows[1]["mac"], rows[2]["mac"] = rows[2]["mac"], rows[1]["mac"]
+    path.write_bytes(b"".join(ledger.canonical(r) + b"\n" for r in rows))
+    with pytest.raises(ledger.LedgerError) as exc:
+        ledger.read(tmp_path)
+    assert exc.value.kind == "rewritten"

@@ -432,26 +432,39 @@ def _parse_line(line: bytes, lineno: int, expected_seq: int, expected_prev: str,
     return row
 
 
+class _Replaced(Exception):
+    """The ledger file is no longer the one whose verified prefix was reused."""
+
+
 def iter_rows(
-    path: Path, start_offset: int = 0, start_seq: int = 0, start_prev: str = GENESIS, auth: _Auth | None = None
+    path: Path, start_offset: int = 0, start_seq: int = 0, start_prev: str = GENESIS, auth: _Auth | None = None,
+    *, expect_ident: tuple[int, int] | None = None, raw: list[bytes] | None = None,
 ) -> Iterator[tuple[Row, int] | str]:
-    """Yield (verified row, its size in bytes) from `start_offset`; a final unterminated fragment as a str."""
+    """Yield (verified row, its size in bytes) from `start_offset`; a final unterminated fragment as a str.
+    `expect_ident`: the file's (device, inode) the caller read before (else `_Replaced`); `raw`: gets
+    each verified row's bytes."""
     auth = auth or _Auth(None, None, "no key given")
     with open(path, "rb") as fh:
         if not os.path.isfile(path):
             raise LedgerError(f"{path} is not a regular file", "corrupt")
+        if expect_ident is not None:
+            st = os.fstat(fh.fileno())
+            if (st.st_dev, st.st_ino) != expect_ident:
+                raise _Replaced
         fh.seek(start_offset)
         seq, prev = start_seq, start_prev
         lineno = start_seq  # line numbers are 1-based; row seq k sits on line k + 1
-        while raw := fh.readline(MAX_ROW_BYTES + 1):
+        while line := fh.readline(MAX_ROW_BYTES + 1):
             lineno += 1
-            if not raw.endswith(b"\n"):
-                if len(raw) > MAX_ROW_BYTES:
+            if not line.endswith(b"\n"):
+                if len(line) > MAX_ROW_BYTES:
                     raise LedgerError(f"line {lineno}: longer than {MAX_ROW_BYTES} bytes: not a row", "corrupt")
-                yield raw.decode("utf-8", errors="replace")
+                yield line.decode("utf-8", errors="replace")
                 return
-            row = _parse_line(raw, lineno, seq, prev, auth)
-            yield row, len(raw)
+            row = _parse_line(line, lineno, seq, prev, auth)
+            if raw is not None:
+                raw.append(line)
+            yield row, len(line)
             seq, prev = seq + 1, row.hash
 
 
@@ -483,6 +496,38 @@ def _has_rows(path: Path) -> bool:
         return False
 
 
+@dataclass
+class _Verified:
+    ident: tuple[int, int]  # the ledger file's (device, inode)
+    key: bytes  # the key its rows' MACs were checked with
+    prefix: bytes  # its complete rows, as verified
+
+
+_VERIFIED: dict[str, _Verified] = {}  # ledger path -> the rows a full read last verified (`read`)
+_VERIFIED_MAX = 4
+
+
+def _reuse_verified(path: Path, key: bytes) -> tuple[tuple[int, int], list[Row], bytes] | None:
+    """The rows a full read verified before, when the file still starts with exactly those bytes and
+    the key is the same: (file identity, the rows parsed again from those bytes, the bytes)."""
+    hit = _VERIFIED.get(str(path))
+    if hit is None or hit.key != key:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if (st.st_dev, st.st_ino) != hit.ident or fh.read(len(hit.prefix)) != hit.prefix:
+                return None
+    except OSError:
+        return None
+    rows = []
+    for line in hit.prefix.splitlines():
+        obj = json.loads(line)
+        rows.append(Row(seq=obj["seq"], ts=obj["ts"], type=obj["type"], data=obj["data"], prev=obj["prev"],
+                        hash=obj["hash"], mac=obj.get("mac")))
+    return hit.ident, rows, hit.prefix
+
+
 def read(campaign_dir: Path | str, start_offset: int = 0, start_seq: int = 0, start_prev: str = GENESIS, *,
          chain_only: bool = False) -> ReadResult:
     """Read and verify a ledger (or its part from `start_offset`). Raises LedgerError, classified.
@@ -505,18 +550,55 @@ def read(campaign_dir: Path | str, start_offset: int = 0, start_seq: int = 0, st
     offset = start_offset
     hash_at: dict[int, str] = {start_seq - 1: start_prev} if start_seq > 0 else {}
     want = auth.anchor.rows - 1 if auth.anchor is not None else -2
-    for item in iter_rows(path, start_offset, start_seq, start_prev, auth):
-        if isinstance(item, str):
-            result.torn_tail = item
-            break
-        row, nbytes = item
-        result.rows.append(row)
-        if row.seq == want:
-            hash_at[row.seq] = row.hash
-        offset += nbytes
+    # A full, keyed read reuses the rows it verified last time when the file still starts with the same
+    # bytes (compared, not assumed) and the key is the same: those bytes would verify the same way.
+    # The anchor is checked against all the rows, as always.
+    reuse = _reuse_verified(path, auth.key) if start_offset == 0 and start_seq == 0 and auth.key else None
+    ident, seq, prev, raw = None, start_seq, start_prev, None
+    if reuse is not None:
+        ident, result.rows, reused = reuse
+        offset = len(reused)
+        seq, prev = len(result.rows), result.rows[-1].hash if result.rows else GENESIS
+        if 0 <= want < seq:
+            hash_at[want] = result.rows[want].hash
+    if start_offset == 0 and start_seq == 0 and auth.key:
+        raw = []
+    try:
+        for item in iter_rows(path, offset, seq, prev, auth, expect_ident=ident, raw=raw):
+            if isinstance(item, str):
+                result.torn_tail = item
+                break
+            row, nbytes = item
+            result.rows.append(row)
+            if row.seq == want:
+                hash_at[row.seq] = row.hash
+            offset += nbytes
+    except _Replaced:
+        _VERIFIED.pop(str(path), None)
+        return read(campaign_dir, start_offset, start_seq, start_prev, chain_only=chain_only)
     result.end_offset = offset
     _check_anchor(auth, start_seq + len(result.rows), result.torn_tail is not None, hash_at)
+    if raw is not None and auth.key:
+        _remember_verified(path, auth.key, ident, reuse, raw)
     return result
+
+
+def _remember_verified(path: Path, key: bytes, ident: tuple[int, int] | None,
+                       reuse: tuple[tuple[int, int], list[Row], bytes] | None, raw: list[bytes]) -> None:
+    """Keep the bytes of the rows a full read has just verified (and the anchor accepted)."""
+    if ident is None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        ident = (st.st_dev, st.st_ino)
+    prefix = (reuse[2] if reuse is not None else b"") + b"".join(raw)
+    if len(prefix) > 64 * 2**20:
+        _VERIFIED.pop(str(path), None)
+        return
+    if str(path) not in _VERIFIED and len(_VERIFIED) >= _VERIFIED_MAX:
+        _VERIFIED.pop(next(iter(_VERIFIED)))
+    _VERIFIED[str(path)] = _Verified(ident, key, prefix)
 
 
 def canonical_line(row: Row) -> bytes:
