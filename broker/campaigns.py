@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -105,7 +106,12 @@ class CampaignHandle:
         except BackendError as exc:
             return RunEvent(EventKind.LOST, reason=str(exc))
         return RunEvent(EventKind.STATUS, state=st.state.value, started_at=st.started_at, ended_at=st.ended_at,
-                        exit_code=st.exit_code, nodes=tuple(st.nodes), reason=st.reason)
+                        exit_code=st.exit_code, nodes=tuple(st.nodes), reason=st.reason, now=self._clock())
+
+    def _clock(self) -> float:
+        """Now, on the backend's clock (a simulated cluster keeps its own; the others, the wall clock)."""
+        now = getattr(self.backend, "now", None)
+        return float(now) if isinstance(now, (int, float)) else time.time()
 
     def _report(self, run: RunState) -> Reaction:
         """Hand the backend's view of a run to the lifecycle; stop the job when it says so, and report again."""

@@ -30,6 +30,7 @@ args:
   fake_mode: {class: structural, why: 'makes the stand-in misbehave (out of memory, hang, crash)'}
   fake_fail_at: {class: structural, why: 'the step where it misbehaves'}
   fake_variant: {class: structural, why: 'does nothing: makes recipes distinct'}
+  fake_echo: {class: structural, why: 'printed text only'}
   fake_loss_drift: {class: structural, why: 'listed as structural on purpose: a stand-in for a code fault only the convergence check sees'}
   fake_loss_jitter: {class: structural, why: 'a stand-in for a nondeterministic stack (run-to-run loss noise)'}
   lr: {class: numeric, why: 'the learning rate changes the objective'}

@@ -8,6 +8,8 @@ and can misbehave on request, as real jobs do:
     --fake-mode hang   stop logging at step --fake-fail-at and sleep (until killed)
     --fake-mode crash  exit 3 at step --fake-fail-at without a word
     --fake-mode infra  report an NCCL system error (a network or host fault) at that step and exit 1
+    --fake-echo TEXT   print TEXT in the arguments block, after every iteration and at the end (a job
+                       whose own flags carry failure signatures)
     --fake-loss-drift  a stand-in for a code fault that the configuration check cannot see: the loss
                        curve drifts away from the baseline's (the convergence check should reject it)
     --fake-loss-jitter a stand-in for a nondeterministic stack: each logged loss is off by a relative
@@ -45,10 +47,14 @@ def main() -> int:
                    help="a stand-in for a code fault: the loss decays slower by this much per step")
     p.add_argument("--fake-loss-jitter", type=float, default=0.0,
                    help="relative Gaussian error on each logged loss, seeded by the run directory")
+    p.add_argument("--fake-echo", nargs="+", default=None,
+                   help="words printed as one line (arguments block, every step, the end)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--run-dir", default=None)
     p.add_argument("--profile", action="store_true")
     a = p.parse_args()
+    if a.fake_echo is not None:
+        a.fake_echo = " ".join(a.fake_echo)
     broken = os.environ.get("FAKE_FAIL_FILE")
     if broken and os.path.exists(broken):  # the machine broke after calibration: every run crashes at once
         print(f"fake trainer: {broken} exists; crashing", flush=True)
@@ -59,6 +65,8 @@ def main() -> int:
         "world_size": a.world_size, "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
         "micro_batch_size": 1, "lr": a.lr, "log_interval": 1,
     }
+    if a.fake_echo is not None:
+        args["fake_echo"] = a.fake_echo
     print("------------------------ arguments ------------------------")
     for name in sorted(args):
         print(f"  {name} {'.' * (48 - len(name))} {args[name]}")
@@ -71,6 +79,8 @@ def main() -> int:
     for it in range(1, a.train_iters + 1):
         step = it - 1
         if a.fake_mode != "ok" and step == a.fake_fail_at:
+            if a.fake_echo is not None:
+                print(f"note: {a.fake_echo}", flush=True)
             if a.fake_mode == "oom":
                 raise OutOfMemoryError(
                     "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.11 GiB"
@@ -97,6 +107,10 @@ def main() -> int:
             f" number of skipped iterations:   0 | number of nan iterations:   0 |",
             flush=True,
         )
+        if a.fake_echo is not None:
+            print(f"note: {a.fake_echo}", flush=True)
+    if a.fake_echo is not None:
+        print(f"done; note: {a.fake_echo}", flush=True)
     return 0
 
 

@@ -24,7 +24,8 @@ from broker.backends.local import _pgroup_alive
 from broker.campaigns import CampaignHandle
 from tests._broker_helpers import ROOT, make_campaign, search, wait_for
 
-CALIBRATED_BUDGET = {"gpu_hours": 0.0035, "reserve_gpu_hours": 0.0001, "concurrency": 40}
+CALIBRATED_BUDGET = {"gpu_hours": 0.0035, "reserve_gpu_hours": 0.0001, "concurrency": 40,
+                     "infra_reserve_gpu_hours": 0.01, "overrun_factor": 20.0}  # the hang test waits 2 s
 
 
 def rows(d: Path, type_: str | None = None) -> list[ledger.Row]:

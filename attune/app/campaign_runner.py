@@ -118,6 +118,11 @@ class LedgerWatcher:
 
     def poll(self) -> list[str]:
         try:
+            if os.stat(self.dir / ledger_mod.LEDGER_NAME).st_size == self.offset:
+                return []  # nothing appended since the last poll (rows are only ever appended)
+        except OSError:
+            return []
+        try:
             res = ledger_mod.read(self.dir, self.offset, self.state.last_seq + 1, self.state.last_hash)
         except ledger_mod.LedgerError:
             return []
@@ -214,7 +219,8 @@ class TuneResult:
         return {"campaign_dir": str(self.campaign_dir), "tuner": self.tuner,
                 "outcome": "failed" if self.failed else "shipped", "failed": self.failed, "shipped": self.shipped,
                 "report_md": str(self.report_md), "report_html": str(self.report_html),
-                "headline": self.headline, "seconds": round(self.seconds, 1), "replayed": self.replayed,
+                "headline": self.headline, "noise": self.headline.get("noise"),
+                "seconds": round(self.seconds, 1), "replayed": self.replayed,
                 "notes": self.notes}
 
 

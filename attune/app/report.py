@@ -23,9 +23,9 @@ from attune.core import ledger as ledger_mod
 from attune.core import textsafe
 from attune.core.campaign_paths import CAMPAIGN_FILE, REPORT_HTML, REPORT_MD
 from attune.core.hardware import peak_flops
-from attune.core.measure import cost_per_million_tokens, gain, mfu, payback_days
-from attune.core.state import CampaignState, fold
-from attune.core.vocab import FAILED_OUTCOMES, RECIPE_FAILURES, RunKind
+from attune.core.measure import cost_per_million_tokens, gain, mfu, noise_note, payback_days
+from attune.core.state import CampaignState, fold, gain_evidence
+from attune.core.vocab import CUT_OUTCOMES, FAILED_OUTCOMES, RECIPE_FAILURES, RunKind, RunOutcome
 
 
 @dataclass
@@ -55,6 +55,8 @@ class Headline:
     failure: str | None = None  # why the campaign ended failed (no valid evidence)
     infra_failed: int = 0  # runs of any kind that failed on infrastructure (counted in failed_launches too)
     unfinished: str | None = None  # why a campaign that is not running ended its last attempt unfinished
+    noise: dict[str, Any] = field(default_factory=dict)  # attune.core.measure.noise_note: is the band too wide?
+    gain_evidence: str | None = None  # unconfirmed | confirmed | not_confirmed (attune.core.state.gain_evidence)
 
 
 @dataclass
@@ -79,6 +81,8 @@ class Report:
             "checks": self.checks,
             "assumptions": self.assumptions,
             "stop": self.stop,
+            "noise": h["noise"],
+            "accounting": self.extra.get("accounting"),
         }
 
 
@@ -242,8 +246,58 @@ def build(campaign_dir: Path | str) -> Report:
         unfinished=None if (state.failed or state.shipped) else _unfinished(d, state),
     )
     _add_costs(h, facts, used, state.gpus)
+    h.noise = noise_note(h.band)
+    h.gain_evidence = gain_evidence(state, h.shipped_run_id or state.leader_run_id)
     runs = [_run_row(state, r, base_mean) for r in state.runs.values()]
-    return Report(h, curve, leader_points, runs, shipped, list(state.checks), list(state.assumptions), state.stop)
+    return Report(h, curve, leader_points, runs, shipped, list(state.checks), list(state.assumptions), state.stop,
+                  extra={"accounting": accounting(state, rows)})
+
+
+def accounting(state: CampaignState, rows: list[Any]) -> dict[str, Any]:
+    """GPU-hours users can compare with the paper's Table 3: with and without calibration, where the
+    shipped recipe was first measured (GPU-h and launch), and what failed and cut runs cost."""
+    charged = state.budget.charged
+    cal = sum(r.charge_gpu_hours for r in state.runs.values()
+              if r.kind == RunKind.CALIBRATION and r.charged_to == "budget")
+    failed = [r for r in state.runs.values() if r.outcome in FAILED_OUTCOMES]
+    cut = [r for r in state.runs.values() if r.outcome in CUT_OUTCOMES]
+    out: dict[str, Any] = {
+        "gpu_hours_with_calibration": round(charged, 9),
+        "gpu_hours_without_calibration": round(charged - cal, 9),
+        "calibration_gpu_hours": round(cal, 9),
+        "infra_charged_gpu_hours": round(state.budget.infra_charged, 9),
+        "final_remeasurement_gpu_hours": round(state.budget.final_charged, 9),
+        "failed_runs": len(failed), "failed_gpu_hours": round(sum(r.charge_gpu_hours for r in failed), 9),
+        "cut_runs": len(cut), "cut_gpu_hours": round(sum(r.charge_gpu_hours for r in cut), 9),
+        "overrun_runs": sum(1 for r in cut if r.outcome == RunOutcome.OVERRUN),
+        "shipped_first_measured": _first_measured(state, rows),
+    }
+    return out
+
+
+def _first_measured(state: CampaignState, rows: list[Any]) -> dict[str, Any] | None:
+    """The launch (1-based, search launches in admission order) and the cumulative GPU-h (budget charges,
+    with and without calibration) at which the shipped recipe was first measured."""
+    shipped_id = (state.shipped or {}).get("run_id")
+    if shipped_id is None or shipped_id not in state.runs:
+        return None
+    key = state.runs[shipped_id].recipe_key
+    searches = sorted((r for r in state.runs.values() if r.kind == RunKind.SEARCH),
+                      key=lambda r: r.admitted_seq or 0)
+    first = next((r for r in searches if r.recipe_key == key and r.outcome == RunOutcome.OK
+                  and r.tokens_per_s_per_gpu is not None), state.runs[shipped_id])
+    cum = cum_cal = 0.0
+    for row in rows:
+        if row.type != "run_finished" or row.data.get("charged_to", "budget") != "budget":
+            continue
+        cum += float(row.data["charge_gpu_hours"])
+        run = state.runs.get(row.data["run_id"])
+        if run is not None and run.kind == RunKind.CALIBRATION:
+            cum_cal += float(row.data["charge_gpu_hours"])
+        if row.data["run_id"] == first.run_id:
+            break
+    return {"run_id": first.run_id, "launch": searches.index(first) + 1 if first in searches else None,
+            "gpu_hours": round(cum, 9), "gpu_hours_without_calibration": round(cum - cum_cal, 9)}
 
 
 # ---- rendering ---------------------------------------------------------------------------
@@ -296,11 +350,15 @@ def headline_lines(r: Report) -> list[tuple[str, str]]:
     h = r.headline
     outcome = {"failed": f"FAILED: {h.failure}", "shipped": "shipped"}.get(
         h.outcome, f"not finished: {h.unfinished}" if h.unfinished else "not finished yet")
-    return [
+
+    noisy = [("noise", str(h.noise["message"]))] if h.noise.get("noisy") else []
+    return noisy + [
         ("outcome", outcome),
         ("baseline", f"{_f(h.baseline_tps)} tokens/s/GPU"),
         ("shipped", f"{_f(h.shipped_tps)} tokens/s/GPU ({h.shipped_run_id or 'nothing shipped yet'})"),
-        ("gain", _pct(h.gain) + (" (final re-measurement)" if h.remeasured else "")),
+        ("gain", _pct(h.gain) + (" (final re-measurement)" if h.remeasured else "")
+         + (" (unconfirmed: one measurement cleared the band)" if h.gain_evidence == "unconfirmed" else "")
+         + (" (not confirmed by the re-measurement)" if h.gain_evidence == "not_confirmed" else "")),
         ("band", "n/a" if h.band is None else f"{h.band:.2%} (calibration sigma {h.rel_sigma:.2%})"),
         ("GPU-hours used", f"{h.gpu_hours_used:.4g}"
          + (f" (+{h.final_gpu_hours:.3g} for the final re-measurement)" if h.final_gpu_hours else "")),
@@ -313,11 +371,28 @@ def headline_lines(r: Report) -> list[tuple[str, str]]:
     ]
 
 
+def accounting_lines(r: Report) -> list[tuple[str, str]]:
+    a = r.extra.get("accounting") or {}
+    if not a:
+        return []
+    first = a.get("shipped_first_measured")
+    return [
+        ("charged, with calibration", f"{a['gpu_hours_with_calibration']:.4g} GPU-h"),
+        ("charged, without calibration", f"{a['gpu_hours_without_calibration']:.4g} GPU-h"),
+        ("shipped recipe first measured", "n/a" if not first else (
+            f"{first['run_id']}, launch {first['launch']}, at {first['gpu_hours']:.4g} GPU-h "
+            f"({first['gpu_hours_without_calibration']:.4g} without calibration)")),
+        ("failed runs", f"{a['failed_runs']} ({a['failed_gpu_hours']:.4g} GPU-h)"),
+        ("cut runs (early abort, charge bound)", f"{a['cut_runs']} ({a['cut_gpu_hours']:.4g} GPU-h)"),
+    ]
+
+
 def to_markdown(r: Report) -> str:
     out = [f"# attune campaign report: {r.headline.name}", ""]
     out += [f"- **{k}**: {v}" for k, v in headline_lines(r)]
     out += ["", "## Best-so-far gain against charged GPU-hours", "", "| GPU-hours | best gain |", "|---|---|"]
     out += [f"| {x:.4g} | {y:+.2%} |" for x, y in r.curve]
+    out += ["", "## GPU-hours", ""] + [f"- {k}: {v}" for k, v in accounting_lines(r)]
     out += ["", "## Runs", "",
             "| run | kind | lever | change | hypothesis | outcome | tok/s/GPU | gain | GPU-h | verdict | diagnosis |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -421,7 +496,8 @@ def to_html(r: Report) -> str:
     stop = ({"diagnosis": str(r.stop.get("diagnosis")),
              "levers": ", ".join(map(str, r.stop.get("levers_tested") or []))} if r.stop else None)
     return env.get_template("report.html.j2").render(
-        name=str(r.headline.name), headline=list(headline_lines(r)), plot=Markup(svg_plot(r)),  # noqa: S704
+        name=str(r.headline.name), headline=list(headline_lines(r)),
+        accounting=list(accounting_lines(r)), plot=Markup(svg_plot(r)),  # noqa: S704
         runs=runs, shipped=shipped, checks=checks, stop=stop)
 
 

@@ -12,7 +12,7 @@ from attune.control.spec import CampaignSpec, load_spec, spec_sha256
 from attune.core import ledger as ledger_mod
 from attune.core.campaign_paths import CAMPAIGN_FILE, CONTROL_LOCK
 from attune.core.errors import ControlError
-from attune.core.state import CampaignState, load
+from attune.core.state import CampaignState, current, load
 from attune.core.vocab import RunKind
 
 LOCK_NAME = CONTROL_LOCK
@@ -140,7 +140,7 @@ def record_diagnosis(campaign_dir: Path | str, run_id: str, text: str,
     if not isinstance(run_id, str) or not run_id.strip():
         raise RecordError("run_id is required")
     with campaign_lock(campaign_dir):
-        state, _ = load(campaign_dir)
+        state = current(campaign_dir)
         if state.name is None:
             raise RecordError("the campaign has not started")
         run = state.runs.get(run_id)
@@ -171,7 +171,7 @@ def record_stop(
 
 def _append_stop(campaign_dir: Path | str, levers: list[str | None], text: str | None,
                  leader: str | None) -> ledger_mod.Row:
-    state, _ = load(campaign_dir)
+    state = current(campaign_dir)
     if state.name is None:
         raise RecordError("the campaign has not started")
     if state.stop is not None:

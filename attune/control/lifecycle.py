@@ -29,7 +29,7 @@ from datetime import datetime
 from typing import Any
 
 from attune.control import shipper, shipping
-from attune.control.plane import Control, JobFacts, LaunchAnswer, RunRequest
+from attune.control.plane import Control, JobFacts, LaunchAnswer, RunRequest, charge_bound
 from attune.core.campaign_paths import RUN_KILL_FILE, RUN_LOG
 from attune.core.measure import PRUNER, partial_throughput
 from attune.core.state import RunState
@@ -64,6 +64,7 @@ class RunEvent:
     exit_code: int | None = None
     nodes: tuple[str, ...] = ()
     reason: str | None = None
+    now: float | None = None  # the backend's clock when it was observed (a simulated cluster keeps its own)
 
     @property
     def ended(self) -> bool:
@@ -156,12 +157,31 @@ class Lifecycle:
             if idle is not None and idle >= limit:
                 detail = f"no log progress for {idle:.0f} s (limit {limit:g} s): killed by the broker's watchdog"
                 return out.then(self._kill(run.run_id, RunOutcome.HANG, detail, idle))
+            over = self._over_bound(run, event)
+            if over is not None:
+                return out.then(self._kill(run.run_id, RunOutcome.OVERRUN, over, idle))
             if run.prune_below is not None:
                 partial = self.partial_throughput(run.run_id)
                 if partial is not None and PRUNER.prune(partial, run.prune_below):
                     return out.then(self._kill(run.run_id, RunOutcome.PRUNED,
                                                PRUNER.reason(partial, run.prune_below), idle))
         return out
+
+    def _over_bound(self, run: RunState, event: RunEvent) -> str | None:
+        """Why a running job must stop now: what it has used reached its charge bound (`charge_bound`)."""
+        started = event.started_at if event.started_at is not None else run.started_at
+        if started is None:
+            return None
+        spec = self.control.spec
+        bound = charge_bound(self.control.state(), run, spec.budget.overrun_factor)
+        if bound is None:
+            return None
+        now = event.now if event.now is not None else time.time()
+        used = spec.cluster.gpus * max(0.0, now - started) / 3600.0
+        if used < bound[0]:
+            return None
+        return (f"stopped by the monitor at its charge bound: used {used:.6g} GPU-h, bound {bound[0]:.6g} GPU-h "
+                f"({bound[1]})")
 
     def _kill(self, run_id: str, why: str, detail: str, idle: float | None) -> Reaction:
         self.mark_kill(run_id, why, detail)

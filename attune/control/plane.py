@@ -278,16 +278,18 @@ def check_candidate(
 
 
 def score_run(
-    spec: CampaignSpec, log_path: Path, *, exit_code: int | None, seconds_since_progress: float | None
+    spec: CampaignSpec, log_path: Path, *, exit_code: int | None, seconds_since_progress: float | None,
+    own_text: tuple[str, ...] = (),
 ) -> Score:
-    """The metrics reader on one run's log: windowed throughput, validity and failure class."""
+    """The metrics reader on one run's log: windowed throughput, validity and failure class.
+    `own_text`: what the job controls (its argument and environment values, `job_own_text`)."""
     from attune.readers.metrics import MetricsInputError, read_metrics
 
     if not log_path.exists():
         return Score(None, False, ["the job wrote no log"], "infrastructure", "no log file: the job never started")
     try:
         m = read_metrics(log_path, **spec.metrics_options(), exit_status=exit_code,
-                         seconds_since_progress=seconds_since_progress)
+                         seconds_since_progress=seconds_since_progress, own_text=own_text)
     except (MetricsInputError, OSError) as exc:
         failure = "crash" if exit_code not in (None, 0) else "ok"
         return Score(None, False, [f"the log cannot be scored: {exc}"], failure, str(exc))
@@ -299,6 +301,47 @@ def score_run(
         reason += ": " + m.verdict.evidence[0].text.strip()[:300]
     return Score(tps, bool(m.valid and tps is not None), list(m.invalid_reasons), m.failure_class,
                  reason, m.last_iteration)
+
+
+def job_own_text(job_doc: Mapping[str, Any]) -> tuple[str, ...]:
+    """The strings a job controls: its command line and its environment's values. A failure signature
+    inside one of them, echoed into the log, is no evidence of how the run ended."""
+    argv = [str(a) for a in job_doc.get("argv") or ()]
+    env = [str(v) for v in (job_doc.get("env") or {}).values()]
+    args = [str(v) for v in (job_doc.get("args") or {}).values() if v is not None]
+    return tuple(dict.fromkeys(argv + env + args))
+
+
+# The monitor's charge bound (`charge_bound`): a run is stopped, outcome `overrun`, once what it has used
+# reaches the lower of `budget.overrun_factor` (default OVERRUN_FACTOR) x its expected cost and its expected cost plus an equal share (among
+# the runs in flight) of what the budget has left for its kind. With every run bounded so, the runs in
+# flight together never take the campaign past its budget; the documented slack is what runs between two
+# monitor steps (one logged step on the sim backend, one poll interval elsewhere), per run in flight.
+OVERRUN_FACTOR = 2.0
+
+
+def charge_bound(state: CampaignState, run: RunState, factor: float = OVERRUN_FACTOR) -> tuple[float, str] | None:
+    """The most `run` may be charged before the monitor stops it, and why; None: no bound (no expected
+    cost was known at admission). `factor`: the campaign's `budget.overrun_factor`."""
+    expected = run.expected_gpu_hours
+    if not expected or expected <= 0:
+        return None
+    bounds = [(factor * expected, f"{factor:g} x its expected cost of {expected:.6g} GPU-h")]
+    b = state.budget
+    left = {RunKind.SEARCH: b.search_remaining, RunKind.CALIBRATION: b.remaining,
+            RunKind.CHECK: b.check_left}.get(run.kind)  # type: ignore[call-overload]
+    if left is not None:
+        share = max(0.0, left) / max(1, len(state.in_flight))
+        bounds.append((expected + share, (f"its expected cost of {expected:.6g} GPU-h plus its share of the "
+                                          f"{max(0.0, left):.6g} GPU-h the budget has left for it")))
+    return min(bounds)
+
+
+def infra_charge_to(state: CampaignState, charge: float) -> str:
+    """Where an infrastructure failure's charge goes: the infrastructure reserve while it covers the
+    whole charge, else the campaign budget (a spent reserve is no door out of the budget)."""
+    b = state.budget
+    return "infra" if b.infra_charged + charge <= b.infra_reserve + CHECK_SLACK_GPU_HOURS else "budget"
 
 
 # ----------------------------------------------------------------------------------- control
@@ -387,7 +430,7 @@ class Control:
         Never raises for a refusal: the answer says why."""
         if not isinstance(request, LaunchRequest | FinalRunRequest):
             request = LaunchRequest.model_validate(request)
-        with campaign_lock(self.dir):
+        with campaign_lock(self.dir), self.ledger.transaction():  # one decision, one commit
             state = self.state()
             fatal = False
             try:
@@ -577,6 +620,8 @@ class Control:
             return RunOutcome.CANCELLED, facts.reason or "cancelled through the broker"
         if facts.killed_for == RunOutcome.PRUNED:
             return RunOutcome.PRUNED, facts.reason or "stopped early: slower than the early-abort threshold"
+        if facts.killed_for == RunOutcome.OVERRUN:
+            return RunOutcome.OVERRUN, facts.reason or "stopped by the monitor at its charge bound"
         if facts.state == "infrastructure":
             return RunOutcome.INFRASTRUCTURE, facts.reason or "the backend reports an infrastructure failure"
         if facts.state == "timeout":
@@ -587,7 +632,7 @@ class Control:
 
     def finish(self, run_id: str, facts: JobFacts) -> dict[str, Any]:
         """Score, classify, charge and (maybe) promote a run that ended. Idempotent."""
-        with campaign_lock(self.dir):
+        with campaign_lock(self.dir), self.ledger.transaction():  # one decision, one commit
             state = self.state()
             run = state.runs.get(run_id)
             if run is None:
@@ -599,7 +644,8 @@ class Control:
                 score = Score(None, False, ["cancelled before it started"], "ok", "cancelled before it started")
             else:
                 score = score_run(self.spec, self.run_dir(run_id) / RUN_LOG, exit_code=facts.exit_code,
-                                  seconds_since_progress=facts.seconds_since_progress)
+                                  seconds_since_progress=facts.seconds_since_progress,
+                                  own_text=self._own_text(run_id))
             outcome, reason = self.classify(facts, score)
             ended = facts.ended_at if facts.ended_at is not None else time.time()
             charge = gpu_hours(self.spec.cluster.gpus, ended - started) if started is not None else 0.0
@@ -607,7 +653,7 @@ class Control:
             charged_to = "final" if run.kind == RunKind.REMEASURE else "budget"
             if outcome == RunOutcome.INFRASTRUCTURE:
                 if run.retry_of is None:
-                    charged_to = "infra"
+                    charged_to = infra_charge_to(state, charge)
                 else:
                     first = state.runs.get(run.retry_of)
                     first_nodes = set(first.nodes) if first else set()
@@ -646,8 +692,14 @@ class Control:
                 out["promoted"] = True
             return out
 
+    def _own_text(self, run_id: str) -> tuple[str, ...]:
+        try:
+            return job_own_text(self.job_doc(run_id))
+        except (OSError, ValueError):
+            return ()
+
     def _verdict(self, state: CampaignState, run: RunState, outcome: str, score: Score) -> str:
-        if outcome in STOPPED_OUTCOMES:
+        if outcome in STOPPED_OUTCOMES or outcome == RunOutcome.OVERRUN:
             return outcome
         if outcome != RunOutcome.OK:
             return Verdict.FAILED

@@ -11,6 +11,7 @@ frozen and hashed when the campaign starts.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -259,7 +260,12 @@ class Budget(_Strict):
             "(check_reserve_runs + 1 + gate.replicate_check_runs) x one gate.convergence_steps-step check run")
     )
     concurrency: PositiveInt = Field(3, description="jobs in flight at once")
-    infra_reserve_gpu_hours: NonNegFloat = Field(0.0, description="pays for infrastructure failures")
+    infra_reserve_gpu_hours: NonNegFloat = Field(0.0, description=(
+        "pays for infrastructure failures (not retries) while it covers the whole charge; once spent, "
+        "infrastructure failures are charged to the budget"))
+    overrun_factor: float = Field(2.0, ge=1.0, description=(
+        "the monitor stops a run once it has used this many times its expected cost, or its expected cost "
+        "plus its share of what the budget has left, whichever is lower (outcome overrun)"))
 
     @model_validator(mode="after")
     def _reserve_fits(self) -> Budget:
@@ -484,6 +490,10 @@ def parse_spec(data: Any, source: str = "<campaign>") -> CampaignSpec:
         raise SpecError(source, problems_from_validation(exc)) from None
 
 
+_PARSED: dict[str, Any] = {}  # a spec's text -> its checked YAML data (parsed once per content)
+_PARSED_MAX = 8
+
+
 def load_spec(path: Path | str) -> CampaignSpec:
     """Read and validate a campaign.yaml (or a campaign directory holding one)."""
     p = Path(path)
@@ -495,6 +505,8 @@ def load_spec(path: Path | str) -> CampaignSpec:
         text = read_text(p, "campaign spec", MAX_SPEC_BYTES)
     except InputError as exc:
         raise SpecError(p, [("(file)", str(exc).replace(f"campaign spec {p}: ", ""))]) from None
+    if text in _PARSED:  # the same bytes parse to the same data: parse them once (a campaign reads its spec often)
+        return parse_spec(copy.deepcopy(_PARSED[text]), str(p))
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
         check_strings(data, "the spec")
@@ -508,6 +520,9 @@ def load_spec(path: Path | str) -> CampaignSpec:
     except InputError as exc:
         raise SpecError(p, [("(yaml)", str(exc))]) from None
     _same_in_the_subset(p, text, data)
+    if len(_PARSED) >= _PARSED_MAX:
+        _PARSED.pop(next(iter(_PARSED)))
+    _PARSED[text] = copy.deepcopy(data)
     return parse_spec(data, str(p))
 
 

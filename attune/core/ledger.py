@@ -212,10 +212,18 @@ def _user_home() -> str:
         return os.path.expanduser("~")
 
 
+_KEYS_DIR: dict[tuple[str | None, int], Path] = {}  # (XDG_STATE_HOME, uid) -> keys_dir(): no passwd look-up per read
+
+
 def keys_dir() -> Path:
     """`${XDG_STATE_HOME:-~/.local/state}/attune/ledger-keys` (`~`: the user's home directory)."""
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(_user_home(), ".local", "state")
-    return Path(base) / "attune" / "ledger-keys"
+    xdg = os.environ.get("XDG_STATE_HOME") or None
+    ident = (xdg, os.getuid())
+    hit = _KEYS_DIR.get(ident)
+    if hit is None:
+        base = xdg or os.path.join(_user_home(), ".local", "state")
+        hit = _KEYS_DIR[ident] = Path(base) / "attune" / "ledger-keys"
+    return hit
 
 
 def campaign_id(campaign_dir: Path | str) -> str:
@@ -229,6 +237,12 @@ def key_path(campaign_dir: Path | str) -> Path:
 
 def anchor_path(campaign_dir: Path | str) -> Path:
     return keys_dir() / (campaign_id(campaign_dir) + ".anchor")
+
+
+def auth_paths(campaign_dir: Path | str) -> tuple[Path, Path]:
+    """(key path, anchor path) of a campaign, its real path resolved once."""
+    d, cid = keys_dir(), campaign_id(campaign_dir)
+    return d / cid, d / (cid + ".anchor")
 
 
 _KEY_CACHE: dict[str, tuple[tuple[int, int, int], bytes]] = {}
@@ -334,9 +348,9 @@ def _dir_identity(campaign_dir: Path) -> list[int]:
     return [st.st_dev, st.st_ino]
 
 
-def _write_anchor(campaign_dir: Path, key: bytes, rows: int, head: str) -> None:
+def _write_anchor(campaign_dir: Path, key: bytes, rows: int, head: str, path: Path | None = None) -> None:
     body = {"rows": rows, "head": head, "mac": _anchor_mac(key, rows, head), "dir": _dir_identity(campaign_dir)}
-    _write_private(anchor_path(campaign_dir), json.dumps(body, sort_keys=True).encode() + b"\n")
+    _write_private(path or anchor_path(campaign_dir), json.dumps(body, sort_keys=True).encode() + b"\n")
 
 
 @dataclass(frozen=True)
@@ -346,9 +360,10 @@ class Anchor:
     dir: tuple[int, ...] = ()  # the campaign directory's (device, inode) when the anchor was written
 
 
-def _read_anchor(campaign_dir: Path, key: bytes | None) -> Anchor | None:
-    """The anchor (None: absent). Raises LedgerError if it is unreadable or its MAC is wrong."""
-    p = anchor_path(campaign_dir)
+def _read_anchor(campaign_dir: Path, key: bytes | None, path: Path | None = None) -> Anchor | None:
+    """The anchor (None: absent; `path`: its path, when known). Raises LedgerError if it is unreadable or
+    its MAC is wrong."""
+    p = path or anchor_path(campaign_dir)
     try:
         with open(p, "rb") as fh:
             raw = fh.read(4096)
@@ -389,8 +404,9 @@ def _reader_auth(campaign_dir: Path, ledger_has_rows: bool, chain_only: bool = F
         return _Auth(None, None, "a copy checked without its key: the chain is checked, not the rows' MACs")
     if os.environ.get(AUTH_ENV, "").strip().lower() == "chain":
         note = f"{AUTH_ENV}=chain: the chain is checked, not the rows' MACs"
+        ap = anchor_path(campaign_dir)
     else:
-        kp = key_path(campaign_dir)
+        kp, ap = auth_paths(campaign_dir)
         try:
             key = _load_key(kp)
         except FileNotFoundError:
@@ -409,14 +425,13 @@ def _reader_auth(campaign_dir: Path, ledger_has_rows: bool, chain_only: bool = F
         except OSError as exc:
             note = f"the ledger key {kp} cannot be read ({exc.strerror}): the chain is checked, not the MACs"
     try:
-        anchor = _read_anchor(campaign_dir, key)
+        anchor = _read_anchor(campaign_dir, key, ap)
     except PermissionError:
         anchor = None
     except OSError:
         anchor = None
     if key is not None and anchor is None and ledger_has_rows:
-        raise LedgerError(f"anchor missing: the key exists but there is no anchor at {anchor_path(campaign_dir)}",
-                          "anchor_missing")
+        raise LedgerError(f"anchor missing: the key exists but there is no anchor at {ap}", "anchor_missing")
     return _Auth(key, anchor, note)
 
 
@@ -472,26 +487,39 @@ def _parse_line(line: bytes, lineno: int, expected_seq: int, expected_prev: str,
     return row
 
 
+class _Replaced(Exception):
+    """The ledger file is no longer the one whose verified prefix was reused."""
+
+
 def iter_rows(
-    path: Path, start_offset: int = 0, start_seq: int = 0, start_prev: str = GENESIS, auth: _Auth | None = None
+    path: Path, start_offset: int = 0, start_seq: int = 0, start_prev: str = GENESIS, auth: _Auth | None = None,
+    *, expect_ident: tuple[int, int] | None = None, raw: list[bytes] | None = None,
 ) -> Iterator[tuple[Row, int] | str]:
-    """Yield (verified row, its size in bytes) from `start_offset`; a final unterminated fragment as a str."""
+    """Yield (verified row, its size in bytes) from `start_offset`; a final unterminated fragment as a str.
+    `expect_ident`: the file's (device, inode) the caller read before (else `_Replaced`); `raw`: gets
+    each verified row's bytes."""
     auth = auth or _Auth(None, None, "no key given")
     with open(path, "rb") as fh:
         if not os.path.isfile(path):
             raise LedgerError(f"{path} is not a regular file", "corrupt")
+        if expect_ident is not None:
+            st = os.fstat(fh.fileno())
+            if (st.st_dev, st.st_ino) != expect_ident:
+                raise _Replaced
         fh.seek(start_offset)
         seq, prev = start_seq, start_prev
         lineno = start_seq  # line numbers are 1-based; row seq k sits on line k + 1
-        while raw := fh.readline(MAX_ROW_BYTES + 1):
+        while line := fh.readline(MAX_ROW_BYTES + 1):
             lineno += 1
-            if not raw.endswith(b"\n"):
-                if len(raw) > MAX_ROW_BYTES:
+            if not line.endswith(b"\n"):
+                if len(line) > MAX_ROW_BYTES:
                     raise LedgerError(f"line {lineno}: longer than {MAX_ROW_BYTES} bytes: not a row", "corrupt")
-                yield raw.decode("utf-8", errors="replace")
+                yield line.decode("utf-8", errors="replace")
                 return
-            row = _parse_line(raw, lineno, seq, prev, auth)
-            yield row, len(raw)
+            row = _parse_line(line, lineno, seq, prev, auth)
+            if raw is not None:
+                raw.append(line)
+            yield row, len(line)
             seq, prev = seq + 1, row.hash
 
 
@@ -523,6 +551,38 @@ def _has_rows(path: Path) -> bool:
         return False
 
 
+@dataclass
+class _Verified:
+    ident: tuple[int, int]  # the ledger file's (device, inode)
+    key: bytes  # the key its rows' MACs were checked with
+    prefix: bytes  # its complete rows, as verified
+
+
+_VERIFIED: dict[str, _Verified] = {}  # ledger path -> the rows a full read last verified (`read`)
+_VERIFIED_MAX = 4
+
+
+def _reuse_verified(path: Path, key: bytes) -> tuple[tuple[int, int], list[Row], bytes] | None:
+    """The rows a full read verified before, when the file still starts with exactly those bytes and
+    the key is the same: (file identity, the rows parsed again from those bytes, the bytes)."""
+    hit = _VERIFIED.get(str(path))
+    if hit is None or hit.key != key:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if (st.st_dev, st.st_ino) != hit.ident or fh.read(len(hit.prefix)) != hit.prefix:
+                return None
+    except OSError:
+        return None
+    rows = []
+    for line in hit.prefix.splitlines():
+        obj = json.loads(line)
+        rows.append(Row(seq=obj["seq"], ts=obj["ts"], type=obj["type"], data=obj["data"], prev=obj["prev"],
+                        hash=obj["hash"], mac=obj.get("mac")))
+    return hit.ident, rows, hit.prefix
+
+
 def read(campaign_dir: Path | str, start_offset: int = 0, start_seq: int = 0, start_prev: str = GENESIS, *,
          chain_only: bool = False) -> ReadResult:
     """Read and verify a ledger (or its part from `start_offset`). Raises LedgerError, classified.
@@ -545,18 +605,55 @@ def read(campaign_dir: Path | str, start_offset: int = 0, start_seq: int = 0, st
     offset = start_offset
     hash_at: dict[int, str] = {start_seq - 1: start_prev} if start_seq > 0 else {}
     want = auth.anchor.rows - 1 if auth.anchor is not None else -2
-    for item in iter_rows(path, start_offset, start_seq, start_prev, auth):
-        if isinstance(item, str):
-            result.torn_tail = item
-            break
-        row, nbytes = item
-        result.rows.append(row)
-        if row.seq == want:
-            hash_at[row.seq] = row.hash
-        offset += nbytes
+    # A full, keyed read reuses the rows it verified last time when the file still starts with the same
+    # bytes (compared, not assumed) and the key is the same: those bytes would verify the same way.
+    # The anchor is checked against all the rows, as always.
+    reuse = _reuse_verified(path, auth.key) if start_offset == 0 and start_seq == 0 and auth.key else None
+    ident, seq, prev, raw = None, start_seq, start_prev, None
+    if reuse is not None:
+        ident, result.rows, reused = reuse
+        offset = len(reused)
+        seq, prev = len(result.rows), result.rows[-1].hash if result.rows else GENESIS
+        if 0 <= want < seq:
+            hash_at[want] = result.rows[want].hash
+    if start_offset == 0 and start_seq == 0 and auth.key:
+        raw = []
+    try:
+        for item in iter_rows(path, offset, seq, prev, auth, expect_ident=ident, raw=raw):
+            if isinstance(item, str):
+                result.torn_tail = item
+                break
+            row, nbytes = item
+            result.rows.append(row)
+            if row.seq == want:
+                hash_at[row.seq] = row.hash
+            offset += nbytes
+    except _Replaced:
+        _VERIFIED.pop(str(path), None)
+        return read(campaign_dir, start_offset, start_seq, start_prev, chain_only=chain_only)
     result.end_offset = offset
     _check_anchor(auth, start_seq + len(result.rows), result.torn_tail is not None, hash_at)
+    if raw is not None and auth.key:
+        _remember_verified(path, auth.key, ident, reuse, raw)
     return result
+
+
+def _remember_verified(path: Path, key: bytes, ident: tuple[int, int] | None,
+                       reuse: tuple[tuple[int, int], list[Row], bytes] | None, raw: list[bytes]) -> None:
+    """Keep the bytes of the rows a full read has just verified (and the anchor accepted)."""
+    if ident is None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        ident = (st.st_dev, st.st_ino)
+    prefix = (reuse[2] if reuse is not None else b"") + b"".join(raw)
+    if len(prefix) > 64 * 2**20:
+        _VERIFIED.pop(str(path), None)
+        return
+    if str(path) not in _VERIFIED and len(_VERIFIED) >= _VERIFIED_MAX:
+        _VERIFIED.pop(next(iter(_VERIFIED)))
+    _VERIFIED[str(path)] = _Verified(ident, key, prefix)
 
 
 def canonical_line(row: Row) -> bytes:
@@ -655,6 +752,33 @@ class Ledger:
     def __init__(self, campaign_dir: Path | str) -> None:
         self.dir = Path(campaign_dir)
         self.path = self.dir / LEDGER_NAME
+        self._txn_depth = 0
+        self._pending: tuple[bytes, int, str] | None = None  # (key, rows, head) to fsync and anchor at commit
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Ledger]:
+        """The rows of one decision, committed together: each `append` inside writes its row (readers see
+        it at once: its MAC makes it valid beyond the anchor), and the exit fsyncs the file once and moves
+        the anchor once. A SIGKILL inside loses nothing written (the kernel holds it); the exit, even by an
+        exception, commits what was written."""
+        self._txn_depth += 1
+        try:
+            yield self
+        finally:
+            self._txn_depth -= 1
+            if self._txn_depth == 0 and self._pending is not None:
+                self._commit()
+
+    def _commit(self) -> None:
+        assert self._pending is not None
+        key, rows, head = self._pending
+        self._pending = None
+        ap = anchor_path(self.dir)
+        with _locked(self.path) as fh:
+            os.fsync(fh.fileno())
+            anchor = _read_anchor(self.dir, key, ap)
+            if anchor is None or anchor.rows < rows:  # another writer may have anchored further already
+                _write_anchor(self.dir, key, rows, head, ap)
 
     def exists(self) -> bool:
         return self.path.exists()
@@ -671,11 +795,12 @@ class Ledger:
         with _locked(self.path) as fh:
             size = _repair_torn_tail(fh, self.path)
             last = _last_line(fh, size)
-            key = self._writer_key(fresh and last is None, last is not None)
-            anchor = _read_anchor(self.dir, key)
+            kp, ap = auth_paths(self.dir)
+            key = self._writer_key(fresh and last is None, last is not None, kp)
+            anchor = _read_anchor(self.dir, key, ap)
             if anchor is None:
                 if last is not None:
-                    raise LedgerError(f"anchor missing: no anchor at {anchor_path(self.dir)}; refusing to append",
+                    raise LedgerError(f"anchor missing: no anchor at {ap}; refusing to append",
                                       "anchor_missing")
                 anchor = Anchor(0, GENESIS)
             if last is None:
@@ -705,8 +830,11 @@ class Ledger:
             fh.seek(0, os.SEEK_END)
             fh.write(canonical_line(row))
             fh.flush()
+            if self._txn_depth:  # inside a transaction: one fsync and one anchor at its commit
+                self._pending = (key, seq + 1, h)
+                return row
             os.fsync(fh.fileno())
-            _write_anchor(self.dir, key, seq + 1, h)
+            _write_anchor(self.dir, key, seq + 1, h, ap)
             if seq == 0:  # where the ledger started, found again by its first row if the directory moves
                 with contextlib.suppress(OSError):
                     _write_private(origin_path(h), campaign_id(self.dir).encode() + b"\n")
@@ -729,9 +857,10 @@ class Ledger:
                               "start a new ledger here with anything but campaign_started", "truncated")
         _retire(self.dir)
 
-    def _writer_key(self, new_ledger: bool, has_rows: bool) -> bytes:
-        """The key to append with. A ledger file that did not exist starts a new key and anchor."""
-        kp = key_path(self.dir)
+    def _writer_key(self, new_ledger: bool, has_rows: bool, kp: Path | None = None) -> bytes:
+        """The key to append with (`kp`: its path, when known). A ledger file that did not exist starts
+        a new key and anchor."""
+        kp = kp or key_path(self.dir)
         if new_ledger:
             return _new_key(self.dir)
         try:

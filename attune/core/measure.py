@@ -18,6 +18,7 @@ import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 DEFAULT_BAND_FLOOR = 0.03
 DEFAULT_BAND_K_SIGMA = 3.0
@@ -143,6 +144,23 @@ def calibrate(
         raise ValueError("calibration throughputs must be positive and finite")
     rs = relative_sigma(vals)
     return Calibration(n=len(vals), mean=statistics.fmean(vals), rel_sigma=rs, band=band(rs, floor, k_sigma))
+
+
+# Above this calibration band the machine is too noisy for small gains: `attune status`, `tune`, `demo`
+# and the report say so up front (`noise_note`). 10%: the band is 3 sigma of the baseline's run-to-run
+# spread, so a band of 10% means a sigma above 3%, several times a quiet cluster's (about 1%).
+NOISE_THRESHOLD = 0.10
+
+
+def noise_note(band_fraction: float | None, threshold: float = NOISE_THRESHOLD) -> dict[str, Any]:
+    """The stable `noise` field of status, tune, demo and the report: whether the calibration band is
+    wider than `threshold`, and what that means for the gains, in words."""
+    noisy = band_fraction is not None and band_fraction > threshold
+    return {
+        "band": band_fraction, "threshold": threshold, "noisy": noisy,
+        "message": (f"on this machine gains below {band_fraction:.1%} cannot be told from noise (calibration "
+                    f"band {band_fraction:.1%}, above the {threshold:.0%} threshold)") if noisy else None,
+    }
 
 
 def gain(candidate: float, reference: float) -> float:

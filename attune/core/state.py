@@ -33,19 +33,21 @@ Budget arithmetic (GPU-hours):
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from attune.core import ledger as ledger_mod
-from attune.core.measure import Calibration, beats, calibrate, gain
+from attune.core.measure import Calibration, beats, calibrate, gain, noise_note
 from attune.core.vocab import RECIPE_FAILURES, RunKind, RunStatus, Verdict
 
+_T = TypeVar("_T")
 CHECK_KINDS = frozenset({"check"})
 # `CampaignState.stop_blockers()`'s own codes; a refused stop adds the search rules' codes
 # (attune.control.search_rules.STOP_RULE_CODES). The Stop hook chooses its hints by these codes, never by the prose.
@@ -185,12 +187,22 @@ class CampaignState:
     last_seq: int = -1
     last_hash: str = ledger_mod.GENESIS
 
+    def __post_init__(self) -> None:
+        # Runs whose objects this state alone holds, so `apply` may change them in place; the others are
+        # shared with a snapshot (`copy`) and copied before their first change. Not a field: equality,
+        # `fields()` and `replace` ignore it (a replaced state owns nothing and copies before changing).
+        self._owned: set[str] = set()
+        self._calibrated: tuple[tuple[Any, ...], Calibration] | None = None  # (its inputs, the calibration)
+
     # ---- derived -------------------------------------------------------------------
     @property
     def calibration(self) -> Calibration | None:
         if len(self.calibration_values) < max(1, self.calibration_runs_required):
             return None
-        return calibrate(self.calibration_values, self.band_floor, self.band_k_sigma)
+        ident = (tuple(self.calibration_values), self.band_floor, self.band_k_sigma)
+        if self._calibrated is None or self._calibrated[0] != ident:  # statistics' exact sums are slow: once
+            self._calibrated = (ident, calibrate(self.calibration_values, self.band_floor, self.band_k_sigma))
+        return self._calibrated[1]
 
     @property
     def baseline_mean(self) -> float | None:
@@ -303,6 +315,7 @@ class CampaignState:
         if run.run_id in self.runs:
             raise ledger_mod.LedgerError(f"row {row.seq}: run {run.run_id!r} admitted twice")
         self.runs[run.run_id] = run
+        self._owned.add(run.run_id)
         self.budget.in_flight += run.expected_gpu_hours
         if run.kind in CHECK_KINDS:
             self.budget.check_in_flight += run.expected_gpu_hours
@@ -409,21 +422,31 @@ class CampaignState:
 
     def _run(self, run_id: str, row: ledger_mod.Row) -> RunState:
         """The run a row changes, copied first: a snapshot taken before (`copy`) keeps its own."""
-        try:
-            run = self.runs[run_id]
-        except KeyError:
-            raise ledger_mod.LedgerError(f"row {row.seq}: run {run_id!r} was never admitted") from None
-        run = self.runs[run_id] = replace(run)
+        run = self.runs.get(run_id)
+        if run is None:
+            raise ledger_mod.LedgerError(f"row {row.seq}: run {run_id!r} was never admitted")
+        if run_id not in self._owned:
+            run = self.runs[run_id] = _shallow(run)
+            self._owned.add(run_id)
         return run
 
     def copy(self) -> CampaignState:
         """A snapshot that later `apply` calls leave alone (containers copied; runs are copied on
-        write by `apply`, so they are shared here)."""
-        return replace(
-            self, budget=replace(self.budget), calibration_values=list(self.calibration_values),
-            calibration_run_ids=list(self.calibration_run_ids), runs=dict(self.runs), refusals=list(self.refusals),
-            assumptions=list(self.assumptions), diagnoses=dict(self.diagnoses), checks=list(self.checks),
-            remeasurements=list(self.remeasurements))
+        write by `apply`, so they are shared here). Field by field, without `dataclasses.replace`:
+        a snapshot is taken on every control-plane decision."""
+        new = _shallow(self)
+        new.budget = _shallow(self.budget)
+        new.calibration_values = list(self.calibration_values)
+        new.calibration_run_ids = list(self.calibration_run_ids)
+        new.runs = dict(self.runs)
+        new.refusals = list(self.refusals)
+        new.assumptions = list(self.assumptions)
+        new.diagnoses = dict(self.diagnoses)
+        new.checks = list(self.checks)
+        new.remeasurements = list(self.remeasurements)
+        new._owned = set()
+        self._owned = set()  # every run is shared with the snapshot from now on
+        return new
 
     # ---- output --------------------------------------------------------------------
     def as_dict(self) -> dict[str, Any]:
@@ -449,8 +472,10 @@ class CampaignState:
                 "run_id": self.leader_run_id,
                 "tokens_per_s_per_gpu": self.leader_tokens_per_s_per_gpu,
                 "gain": self.leader_gain(),
+                "gain_evidence": gain_evidence(self, self.leader_run_id),
             },
-            "runs": [asdict(r) for r in self.runs.values()],
+            "noise": noise_note(cal.band if cal else None),
+            "runs": [run_dict(r) for r in self.runs.values()],
             "in_flight": [r.run_id for r in self.in_flight],
             "launches": sum(1 for r in self.runs.values() if r.kind == "search"),
             "failed_launches": sum(
@@ -472,6 +497,62 @@ class CampaignState:
         }
 
 
+def _shallow(obj: _T) -> _T:
+    """A shallow copy of a dataclass instance (as `dataclasses.replace` with no changes, without its
+    per-field introspection)."""
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__)  # type: ignore[attr-defined]
+    return new
+
+
+RUN_FIELDS = tuple(f.name for f in fields(RunState))
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _plain(v: Any) -> Any:
+    """A deep copy of a JSON-like value, as `dataclasses.asdict` copies a field (dicts, lists, tuples;
+    anything else through `copy.deepcopy`)."""
+    t = type(v)
+    if t in _SCALARS:
+        return v
+    if t is dict:
+        return {k: x if type(x) in _SCALARS else _plain(x) for k, x in v.items()}
+    if t is list:
+        return [x if type(x) in _SCALARS else _plain(x) for x in v]
+    if t is tuple:
+        return tuple(x if type(x) in _SCALARS else _plain(x) for x in v)
+    return copy.deepcopy(v)
+
+
+def run_dict(run: RunState) -> dict[str, Any]:
+    """`dataclasses.asdict(run)` for a RunState (whose values are JSON-like), several times faster."""
+    d = run.__dict__
+    return {name: v if type(v := d[name]) in _SCALARS else _plain(v) for name in RUN_FIELDS}
+
+
+def gain_evidence(state: CampaignState, run_id: str | None) -> str | None:
+    """How well a search run's gain is established: `unconfirmed` while it rests on the one measurement
+    that cleared the band, `confirmed` once the final re-measurement of the recipe beats the baseline
+    (re-measured too, where it was) by more than the band, `not_confirmed` when it does not. None: no
+    gain to judge (the baseline, no calibration)."""
+    cal = state.calibration
+    if cal is None or run_id is None or run_id == "baseline" or run_id not in state.runs:
+        return None
+
+    def repeats(of: str) -> list[float]:
+        rows = [r for r in state.remeasurements if r.get("recipe_of") == of and r.get("tokens_per_s_per_gpu")]
+        return [float(r["tokens_per_s_per_gpu"]) for r in rows if r.get("valid", True)]
+
+    mine = repeats(run_id)
+    if not mine:
+        return "unconfirmed"
+    base = repeats("baseline") or [cal.mean]
+    mean = sum(mine) / len(mine)
+    return "confirmed" if beats(mean, sum(base) / len(base), cal.band) else "not_confirmed"
+
+
 def fold(rows: Iterable[ledger_mod.Row]) -> CampaignState:
     state = CampaignState()
     for row in rows:
@@ -484,6 +565,32 @@ def load(campaign_dir: Path | str, *, chain_only: bool = False) -> tuple[Campaig
     `chain_only`: a published copy checked without its key (`ledger.read`)."""
     result = ledger_mod.read(campaign_dir, chain_only=chain_only)
     return fold(result.rows), result
+
+
+_CURRENT: dict[str, Follower] = {}  # real path of a campaign directory -> its Follower (`current`)
+_CURRENT_LOCK = threading.Lock()
+_CURRENT_MAX = 4  # each keeps a copy of its ledger (PREFIX_COPY_MAX): a few campaigns per process
+
+
+def current(campaign_dir: Path | str) -> CampaignState:
+    """The state `load` folds (raising the LedgerError it raises), through one Follower per campaign
+    directory kept for the process: a call verifies and folds only the rows appended since the last
+    one, after checking that the part read before is unchanged (see `Follower`). The state returned
+    is the caller's own (`Follower.snapshot`)."""
+    real = os.path.realpath(campaign_dir)
+    with _CURRENT_LOCK:
+        follower = _CURRENT.get(real)
+        if follower is None:
+            if len(_CURRENT) >= _CURRENT_MAX:
+                _CURRENT.pop(next(iter(_CURRENT)))
+            follower = _CURRENT[real] = Follower(real)
+    try:
+        return follower.snapshot()
+    except BaseException:
+        with _CURRENT_LOCK:
+            if _CURRENT.get(real) is follower:
+                del _CURRENT[real]
+        raise
 
 
 PREFIX_COPY_MAX = 64 * 2**20  # a Follower keeps a copy of a ledger up to this size (else its SHA-256)
@@ -503,7 +610,11 @@ class Follower:
     a harmless change a full read accepts, folds the state again). A refresh that finds the files
     unchanged since the last one (the ledger, its anchor and its key: same size, inode, mtime and
     ctime) reads nothing at all, provided the ledger had last changed more than `RACY_NS` before
-    that (file times tick coarsely: a change within the same tick would keep the same times).
+    that (file times tick coarsely: a change within the same tick would keep the same times). Within
+    that window a refresh that finds the ledger no longer than what was read, every byte read before the
+    same, and the anchor and key files byte for byte the ones the last verification read, reads and
+    folds nothing either: a full read of the same bytes would give the same state (a campaign's control
+    plane polls many times a second while its ledger keeps changing).
 
     Thread-safe: one lock around each refresh."""
 
@@ -517,7 +628,9 @@ class Follower:
         self.full_reads = 0  # how often it had to read the ledger from the start (after the first)
         self._lock = threading.Lock()
         self._stat: tuple[Any, ...] | None = None  # the files' stat at the last refresh (`_files`)
-        self._auth_files = (ledger_mod.anchor_path(self.dir), ledger_mod.key_path(self.dir))
+        key_file, anchor_file = ledger_mod.auth_paths(self.dir)
+        self._auth_files = (anchor_file, key_file)
+        self._auth_bytes: tuple[bytes | None, ...] | None = None  # their content the last verification read
         self._ident: tuple[int, int] | None = None
         self._last_line: tuple[int, bytes] | None = None  # (offset, bytes) of the last complete row read
         self._digest = hashlib.sha256()  # of bytes [0, offset), once they are no longer kept
@@ -533,6 +646,7 @@ class Follower:
         self._last_line = None
         self._digest = hashlib.sha256()
         self._prefix = bytearray()
+        self._auth_bytes = None
 
     def _prefix_intact(self, st: os.stat_result) -> bool:
         """Whether the bytes read so far are still what they were (cheap checks first)."""
@@ -582,20 +696,68 @@ class Follower:
                 self._reset()
             self._stat = None
             return self.state
-        key = self._files(st)
-        if key == self._stat:
+        if self._stat is not None:
+            key = self._files(st)
+            if key == self._stat:
+                return self.state
+        if self._unchanged(st):
             return self.state
+        key = self._files(st)
         for _ in range(3):
             if not self._prefix_intact(st):
                 self._reset()
+            auth = self._auth_content()
             if self._read_new(st):
                 settled = max(st.st_mtime_ns, st.st_ctime_ns) < time.time_ns() - RACY_NS
                 self._stat = key if settled and self.offset == st.st_size and self.torn_tail is None else None
+                self._auth_bytes = auth if auth is not None and auth == self._auth_content() else None
                 return self.state
             self._reset()  # the file changed between two reads of it: read it all again
             st = os.stat(self.path)
             key = self._files(st)
         raise ledger_mod.LedgerError(f"{self.path} keeps changing under its reader", "corrupt")
+
+    def _auth_content(self) -> tuple[bytes | None, ...] | None:
+        """The anchor's and the key's bytes (None for one absent; None for all when one is unreadable)."""
+        out: list[bytes | None] = []
+        for p in self._auth_files:
+            try:
+                fd = os.open(p, os.O_RDONLY)
+            except FileNotFoundError:
+                out.append(None)
+                continue
+            except OSError:
+                return None
+            try:
+                out.append(os.read(fd, 8192))
+            except OSError:
+                return None
+            finally:
+                os.close(fd)
+        return tuple(out)
+
+    def _unchanged(self, st: os.stat_result) -> bool:
+        """Whether a full read now would read exactly the bytes of the last one (the ledger's, the
+        anchor's and the key's), compared by content: then there is nothing to read or fold."""
+        if not (self.verify_prefix and self._auth_bytes is not None and self.offset > 0 and self.torn_tail is None
+                and st.st_size == self.offset and self._ident == (st.st_dev, st.st_ino)):
+            return False
+        if self._auth_content() != self._auth_bytes:
+            return False
+        if self._prefix is None:  # a ledger over PREFIX_COPY_MAX: its digest
+            return self._prefix_intact(st)
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            fs = os.fstat(fd)
+            # One byte more than was read: a row appended since the stat makes it differ (and is read).
+            return (fs.st_dev, fs.st_ino) == self._ident and os.pread(fd, self.offset + 1, 0) == self._prefix
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
 
     def _files(self, st: os.stat_result) -> tuple[Any, ...]:
         """What a refresh compares to know nothing changed: the ledger's, the anchor's and the key's

@@ -20,6 +20,7 @@ class RunOutcome(StrEnum):
     INFRASTRUCTURE = "infrastructure"  # a node or network fault: not the recipe's (retried once)
     CANCELLED = "cancelled"
     PRUNED = "pruned"  # stopped early: slower than the early-abort threshold
+    OVERRUN = "overrun"  # stopped by the monitor at its charge bound (attune.control.plane.charge_bound)
     # The tuner side only (never in the ledger): the control plane refused the candidate.
     REFUSED = "refused"
 
@@ -35,6 +36,9 @@ RECIPE_FAILURES: frozenset[RunOutcome] = frozenset({RunOutcome.OOM, RunOutcome.H
 FAILED_OUTCOMES: frozenset[RunOutcome] = RECIPE_FAILURES | {RunOutcome.INFRASTRUCTURE}
 # The control plane stopped the run on purpose; the verdict is the outcome itself.
 STOPPED_OUTCOMES: frozenset[RunOutcome] = frozenset({RunOutcome.CANCELLED, RunOutcome.PRUNED})
+# The control plane cut the run short (the early abort, the charge bound): charged what it used, and
+# counted with the failed runs in the accounting of GPU-hours that bought no measurement.
+CUT_OUTCOMES: frozenset[RunOutcome] = frozenset({RunOutcome.PRUNED, RunOutcome.OVERRUN})
 
 
 class RunKind(StrEnum):
@@ -65,6 +69,7 @@ class Verdict(StrEnum):
     FAILED = "failed"  # the outcome says how (one of FAILED_OUTCOMES)
     CANCELLED = "cancelled"
     PRUNED = "pruned"
+    OVERRUN = "overrun"
     CALIBRATION = "calibration"
     CHECK = "check"
     REMEASURE = "remeasure"

@@ -203,11 +203,24 @@ def _read_yaml(path: Path) -> Any:
         raise CatalogError(path, [("(file)", str(exc))]) from None
 
 
+_CATALOG_CACHE: dict[tuple[str, int, int, int, int], LeverCatalog] = {}
+
+
 def load_catalog(path: Path | str | None = None) -> LeverCatalog:
+    """The lever catalog, parsed and validated once per file identity (an unchanged file is not read
+    again); callers read it, never change it."""
+    from attune.knowledge.layouts import file_identity
+
     p = Path(path) if path else LEVERS_PATH
+    ident = file_identity(p)
+    if ident is not None and ident in _CATALOG_CACHE:
+        return _CATALOG_CACHE[ident]
     data = _read_yaml(p)
     try:
-        return LeverCatalog.model_validate(data)
+        cat = LeverCatalog.model_validate(data)
+        if ident is not None:
+            _CATALOG_CACHE[ident] = cat
+        return cat
     except ValidationError as exc:
         raise CatalogError(p, [(_loc(tuple(e["loc"])), _msg(e)) for e in exc.errors()]) from None
 

@@ -242,9 +242,26 @@ def model_from_mapping(data: Mapping[str, Any], where: str = "model") -> ModelDi
         raise LayoutError(f"{where}: {exc}") from None
 
 
+def file_identity(p: Path) -> tuple[str, int, int, int, int] | None:
+    """(path, device, inode, size, mtime in ns): a file read before and unchanged since has the same
+    identity, so what was parsed from it can be used again. None: it cannot be stat'ed."""
+    try:
+        st = p.stat()
+    except OSError:
+        return None
+    return (str(p), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+_MODELS_CACHE: dict[tuple[str, int, int, int, int], dict[str, ModelDims]] = {}
+
+
 def load_models(path: Path | str | None = None) -> dict[str, ModelDims]:
-    """All models of a models.yaml, keyed by lower-case name (aliases resolve through find_model)."""
+    """All models of a models.yaml, keyed by lower-case name (aliases resolve through find_model).
+    Parsed once per file identity (`file_identity`): an unchanged file is not read again."""
     p = Path(path) if path else MODELS_PATH
+    ident = file_identity(p)
+    if ident is not None and ident in _MODELS_CACHE:
+        return dict(_MODELS_CACHE[ident])  # the values are frozen; the mapping is the caller's own
     try:
         doc = load_yaml(p.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -260,6 +277,8 @@ def load_models(path: Path | str | None = None) -> dict[str, ModelDims]:
         if key in out:
             raise LayoutError(f"{p.name}: models[{i}]: duplicate name {m.name!r}")
         out[key] = m
+    if ident is not None:
+        _MODELS_CACHE[ident] = dict(out)
     return out
 
 

@@ -40,6 +40,8 @@ def render(s: dict[str, Any]) -> None:
     con.print = clean_print  # type: ignore[method-assign]
     b, c, lead = s["budget"], s["calibration"], s["leader"]
     con.print(f"[bold]campaign[/] {s['name']}  gpus={s['gpus']}  rows={s['rows']}")
+    if (s.get("noise") or {}).get("noisy"):
+        con.print(f"[bold yellow]noise:[/] {s['noise']['message']}")
     con.print(
         f"budget: total {_fmt(b['total_gpu_hours'])} GPU-h, charged {_fmt(b['charged_gpu_hours'])}, "
         f"in flight {_fmt(b['in_flight_gpu_hours'])}, reserve left {_fmt(b['reserve_left_gpu_hours'])}, "

@@ -11,6 +11,7 @@ registered under the campaign's framework names; add one by subclassing `LogPars
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 from attune.core.vocab import FAILURE_CLASSES
 from attune.readers.metrics.analysis import (
@@ -55,8 +56,10 @@ def read_metrics(
     exit_status: int | None = None,
     seconds_since_progress: float | None = None,
     hang_after_s: float = DEFAULT_HANG_AFTER_S,
+    own_text: Sequence[str] = (),
 ) -> RunMetrics:
-    """Stream one log and score it. Raises MetricsInputError (bad input) or OSError (unreadable log)."""
+    """Stream one log and score it. Raises MetricsInputError (bad input) or OSError (unreadable log).
+    `own_text`: the job's own argument and environment values (signatures inside them do not count)."""
     parsed = get_parser(framework).read(path)
     return analyze(
         parsed,
@@ -68,6 +71,7 @@ def read_metrics(
         exit_status=exit_status,
         seconds_since_progress=seconds_since_progress,
         hang_after_s=hang_after_s,
+        own_text=own_text,
     )
 
 

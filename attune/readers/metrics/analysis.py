@@ -11,12 +11,13 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from attune.core import measure
 from attune.core.errors import ReaderError
-from attune.readers.metrics.failure import DEFAULT_HANG_AFTER_S, FailureVerdict, classify
+from attune.readers.metrics.failure import DEFAULT_HANG_AFTER_S, FailureVerdict, classify, trusted_signals
 from attune.readers.metrics.records import MemoryReport, ParsedLog, StepRecord
 
 DEFAULT_WINDOW = (4, 13)
@@ -381,8 +382,12 @@ def analyze(
     exit_status: int | None = None,
     seconds_since_progress: float | None = None,
     hang_after_s: float = DEFAULT_HANG_AFTER_S,
+    own_text: Sequence[str] = (),
 ) -> RunMetrics:
-    """Score a parsed log. Raises MetricsInputError on input that cannot be scored."""
+    """Score a parsed log. Raises MetricsInputError on input that cannot be scored.
+
+    `own_text`: the job's own argument and environment values; failure signatures inside them do not
+    count (`failure.trusted_signals`)."""
     its = _check_options(gpus, max_spread, window, seq_length, global_batch_size)
     seq, seq_source = _sequence_length(log, seq_length)
 
@@ -410,7 +415,7 @@ def analyze(
     last = steps[-1] if steps else None
     train_iters = log.train_iters
     verdict = classify(
-        log.signals,
+        trusted_signals(log.signals, own_text=own_text, after_line=log.last_step_line),
         exit_status=exit_status,
         seconds_since_progress=seconds_since_progress,
         hang_after_s=hang_after_s,

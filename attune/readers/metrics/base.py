@@ -118,7 +118,10 @@ class _Scanner:
         if flags & _FAILURE:
             self._signals(text, line_no)
         if flags & _PARSER:
+            before = (len(self.log.steps), len(self.log.duplicate_iterations))
             self.parser.parse_line(text, line_no, self.log)
+            if (len(self.log.steps), len(self.log.duplicate_iterations)) != before:
+                self.log.last_step_line = line_no
         if flags & _BLOCK and not self.in_block:
             self.in_block = True
             self.block_lines = 0
@@ -146,8 +149,15 @@ class _Scanner:
         for cls, pattern in failure.signals_in_line(text):
             n = self.log.signal_counts.get(pattern, 0)
             self.log.signal_counts[pattern] = n + 1
+            sig = Signal(cls, pattern, line_no, text[:300])
             if n < failure.MAX_SIGNALS_PER_PATTERN and len(self.log.signals) < MAX_SIGNALS:
-                self.log.signals.append(Signal(cls, pattern, line_no, text[:300]))
+                self.log.signals.append(sig)
+            elif n >= failure.MAX_SIGNALS_PER_PATTERN:
+                # Keep the latest occurrence in the pattern's last slot: where a signature sits matters
+                # (one printed early and followed by training is not what ended the run).
+                last = max((i for i, s in enumerate(self.log.signals) if s.pattern == pattern), default=None)
+                if last is not None:
+                    self.log.signals[last] = sig
 
 
 MAX_LOG_BYTES = 2**30  # a training log larger than this is refused, not streamed for minutes

@@ -1,7 +1,16 @@
 """Failure classes of a training job, from its log, its exit status and its progress.
 
 Classes: ``ok``, ``oom`` (out of memory), ``hang`` (no progress), ``crash``,
-``infrastructure``. When several signatures appear, the cause wins over its symptoms:
+``infrastructure``.
+
+Only evidence the job does not control decides (`trusted_signals`): a signature counts where it sits
+after the last iteration record (a line followed by more training did not end the run), and not when it
+lies inside text the job chose (its own argument values and environment, echoed into the arguments
+block or printed by the job). A run that finished its steps and exited 0 is ``ok`` whatever its log
+says. The backend's own status (node failure, preemption, Slurm's NODE_FAIL state) is read by the
+control plane before the log (`attune.control.plane.Control.classify`).
+
+When several signatures appear, the cause wins over its symptoms:
 
 1. node-level infrastructure (ECC errors, Slurm ``NODE_FAIL``, node failure): a dead node
    takes every other signature with it;
@@ -66,6 +75,41 @@ def signals_in_line(text: str) -> list[tuple[str, str]]:
     return [(cls, pattern) for pattern, (_, cls) in _TIER.items() if pattern in text]
 
 
+MIN_OWN_TEXT = 3  # shorter values (a flag's 1, a bool) cannot carry a signature
+
+
+def _outside_own_text(sig: Signal, own: Sequence[str]) -> bool:
+    """Whether the signature is still in its line once every job-controlled string is taken out."""
+    text = sig.text
+    for value in own:
+        text = text.replace(value, "\x00")
+    return sig.pattern in text
+
+
+def trusted_signals(
+    signals: Sequence[Signal], *, own_text: Sequence[str] = (), after_line: int | None = None
+) -> list[Signal]:
+    """The signatures that evidence the job does not control supports.
+
+    `own_text`: strings the job controls (its argument values, its environment's values); a signature
+    inside one of them, as echoed into the log, does not count. `after_line`: the line of the last
+    iteration record; a signature before it was followed by training and did not end the run."""
+    own = [t for t in own_text if len(t) >= MIN_OWN_TEXT]
+    out = []
+    for sig in signals:
+        if after_line is not None and sig.line < after_line:
+            continue
+        if own and not _outside_own_text(sig, own):
+            continue
+        out.append(sig)
+    return out
+
+
+def finished_cleanly(exit_status: int | None, last_iteration: int | None, train_iters: int | None) -> bool:
+    """The run trained every planned step and exited 0: never a failure, whatever its log prints."""
+    return exit_status == 0 and last_iteration is not None and train_iters is not None and last_iteration >= train_iters
+
+
 @dataclass(frozen=True)
 class FailureVerdict:
     failure_class: str
@@ -82,7 +126,9 @@ def classify(
     last_iteration: int | None = None,
     train_iters: int | None = None,
 ) -> FailureVerdict:
-    """Classify a run. ``signals`` are the failure signatures found in its log."""
+    """Classify a run. ``signals`` are the failure signatures found in its log (`trusted_signals`)."""
+    if finished_cleanly(exit_status, last_iteration, train_iters):
+        return FailureVerdict("ok", f"trained all {train_iters} iterations and exited 0")
     best: dict[int, list[Signal]] = {}
     for sig in signals:
         tier = _TIER[sig.pattern][0]

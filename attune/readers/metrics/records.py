@@ -105,6 +105,7 @@ class ParsedLog:
     arguments_complete: bool = False  # the block's end marker was seen
     signals: list[Signal] = field(default_factory=list)
     signal_counts: dict[str, int] = field(default_factory=dict)
+    last_step_line: int | None = None  # the line of the last iteration record read (where training got to)
     bytes_read: int = 0
     lines: int = 0
     step_time_lines: int = 0  # Megatron-Bridge "Step Time" lines (they carry no iteration number)
