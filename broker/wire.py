@@ -205,6 +205,8 @@ class Leader(_Answer):
     run_id: str | None
     tokens_per_s_per_gpu: float | None
     gain: float | None = Field(description="over the calibrated baseline mean")
+    gain_evidence: str | None = Field(None, description="unconfirmed (one measurement cleared the band), confirmed "
+                                      "or not_confirmed (by the final re-measurement)")
 
 
 class StopBlocker(_Answer):

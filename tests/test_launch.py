@@ -87,8 +87,13 @@ def test_calibration_sets_the_budget_and_every_run_is_scored_and_charged(tmp_pat
     (budget_row,) = rows(d, "budget_set")
     mean_cost = sum(r.charge_gpu_hours for r in cal_runs) / 5
     assert budget_row.data["gpu_hours"] == pytest.approx(30 * mean_cost, rel=1e-6)
-    # 3 checks, the reference check run and its 2 replicates, 20 steps each
-    assert budget_row.data["reserve_gpu_hours"] == pytest.approx(6 * mean_cost * 20 / 14, rel=1e-6)
+    # 3 checks, the reference check run and its replicates (none where the calibration runs cover the
+    # check's judged steps), 20 steps each
+    from attune.control import shipping
+    from attune.control.spec import load_spec
+
+    checks = 3 + 1 + shipping.replicate_check_runs(load_spec(d / "campaign.yaml"))
+    assert budget_row.data["reserve_gpu_hours"] == pytest.approx(checks * mean_cost * 20 / 14, rel=1e-6)
     assert s.leader_run_id == "baseline" and s.calibration is not None
     more = h.launch(LaunchRequest(kind="calibration"))
     assert not more["admitted"] and more["code"] == "calibration_full"

@@ -487,7 +487,7 @@ def _parse_line(line: bytes, lineno: int, expected_seq: int, expected_prev: str,
     return row
 
 
-class _Replaced(Exception):
+class _Replaced(CoreError):
     """The ledger file is no longer the one whose verified prefix was reused."""
 
 
