@@ -21,7 +21,7 @@ allowance is the floor. Each pair is judged on two cuts (the first 20 steps, and
 as layer 1 would class them (layout); objective pairs are judged in layout mode too, the backstop's
 worst case (a change layer 1 missed, e.g. a code change), and in strict mode.
 
-`python -m gate.realcurves [--rows] [--json] [--derive]` prints the tables docs/gate.md shows.
+`python -m gate.evaluation.realcurves [--rows] [--json] [--derive]` prints the tables docs/gate.md shows.
 """
 
 from __future__ import annotations

@@ -488,7 +488,7 @@ def _cli_validate(args: argparse.Namespace) -> int:
 
 def component_report(include_compile: bool = False) -> dict[str, Any]:
     """Run tinygpt's component tests and check each outcome against the status its list records."""
-    from gate import component
+    from gate.evaluation import component
 
     results = component.tinygpt_suite(include_compile=include_compile)
     rows = []

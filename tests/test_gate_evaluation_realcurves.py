@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from gate import realcurves
+from gate.evaluation import realcurves
 from gate.config_check import ConfigCheckResult
 from gate.judge import judge
 from gate.noise import (
