@@ -39,7 +39,7 @@ from pydantic import BaseModel
 from gate.judge import judge
 from gate.noise import config_for, precision_of
 
-DATA_DIR = Path(__file__).resolve().parents[1] / "tests" / "data"
+DATA_DIR = Path(__file__).resolve().parents[2] / "tests" / "data"
 DATA = DATA_DIR / "real_curves" / "curves.json"
 CORPORA = {"megatron-lm": ("real_curves", "development"), "megatron-lm-2024": ("real_curves_mlm2024", "held out"),
            "torchtitan": ("real_curves_torchtitan", "held out")}

@@ -33,7 +33,7 @@ from attune.core.recipe import render_args
 from attune.readers.metrics import read_losses, read_resolved_args
 from gate import config_check, convergence, judge, lists, noise
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "examples" / "tinygpt" / "train.py"
 FRAMEWORK = "megatron-lm"  # tinygpt logs in Megatron-LM's format
 
