@@ -3,7 +3,7 @@
 The simulated cluster is a test bed; its few free constants (host cost per kernel, the host sync,
 cross-node pipeline handoffs, the CPU optimizer's speed, GEMM and all-to-all efficiencies, kernel
 counts, the loop's fixed work, the MoE routing excess and the allocator's fragmentation in the memory
-model) are chosen here to minimise a loss over the points of `attune/sim/paper.py` whose `split` is
+model) are chosen here to minimise a loss over the points of `attune/sim/paperfit/paper.py` whose `split` is
 `fit` (the `holdout` points never enter it):
 
 - a weighted squared log-error against the paper's throughputs: Table 1's public recipes weigh
@@ -33,8 +33,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attune.sim.constants import DEFAULT, Constants  # noqa: E402
-from attune.sim.fit import PointResult, evaluate, log_error, summarise  # noqa: E402
-from attune.sim.paper import POINTS, TUNER_RESULTS  # noqa: E402
+from attune.sim.paperfit.fit import PointResult, evaluate, log_error, summarise  # noqa: E402
+from attune.sim.paperfit.paper import POINTS, TUNER_RESULTS  # noqa: E402
 
 # name -> (low, high): searched on a log scale between the bounds
 FREE: dict[str, tuple[float, float]] = {

@@ -61,7 +61,7 @@ Curve = Mapping[int, float | None]
 # LAYOUT_FLOOR_BY_PRECISION: a change layer 1 classes as layout-only (structural or tested same-math
 # arguments). Such a change reorders float sums; its allowance is what that does to a bf16 curve, measured:
 # the median, over the development corpus's layout pairs (Megatron-LM functional-test goldens at commit
-# d98e8a64, `tests/data/real_curves`; `python -m gate.realcurves --derive` prints it), of the RMS relative
+# d98e8a64, `tests/data/real_curves`; `python -m gate.evaluation.realcurves --derive` prints it), of the RMS relative
 # difference a layout change makes over the judged window (after the first 20% of the steps): 0.30%
 # (40 pairs; the 90th percentile is 0.58%). Held-out corpora (`tests/data/real_curves_mlm2024`,
 # `tests/data/real_curves_torchtitan`) are not used for either figure.

@@ -13,7 +13,7 @@ from attune.core.measure import gpu_hours
 from attune.readers.metrics import read_metrics
 from attune.sim.api import apply_overrides
 from attune.sim.estimate import estimate
-from attune.sim.paper import CAMPAIGNS
+from attune.sim.paperfit.paper import CAMPAIGNS
 from attune.sim.recipe import render_argv
 from broker.backends import get_backend
 from broker.backends.base import Backend, BackendError, JobSpec, JobState

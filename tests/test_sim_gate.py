@@ -14,7 +14,7 @@ from attune.knowledge.layouts import find_model
 from attune.readers.metrics import read_resolved_args
 from attune.sim.api import apply_overrides, resolve_accelerator
 from attune.sim.defects import DEFECTS
-from attune.sim.paper import CAMPAIGNS
+from attune.sim.paperfit.paper import CAMPAIGNS
 from attune.sim.recipe import build_recipe
 from attune.sim.run import SimSettings, plan_run
 from gate import check_convergence, check_recipe, check_resolved, load_list

@@ -20,7 +20,7 @@ from attune.knowledge.memory_estimate import estimate as memory_estimate
 from attune.sim.api import apply_overrides, resolve_accelerator
 from attune.sim.estimate import estimate
 from attune.sim.memory import memory_options, stage_memory
-from attune.sim.paper import CAMPAIGNS, POINTS, PUBLIC_TPS, points
+from attune.sim.paperfit.paper import CAMPAIGNS, POINTS, PUBLIC_TPS, points
 from attune.sim.recipe import RecipeError, build_recipe, render_argv, resolved_arguments
 from attune.sim.steptime import TERM_ORDER, step_time
 
@@ -51,7 +51,7 @@ def test_public_recipes_within_15_percent_of_table_1(model):
     assert e.tokens_per_s_per_gpu == pytest.approx(PUBLIC_TPS[model], rel=0.15)
 
 
-# the fitted ones: held-out points are held to their error bounds instead (tests/test_sim_fit.py)
+# the fitted ones: held-out points are held to their error bounds instead (tests/test_sim_paperfit.py)
 @pytest.mark.parametrize("point", [p for p in points(kind="shipped", split="fit") if not p.disagreement],
                          ids=lambda p: f"{p.model}:{p.label}")
 def test_shipped_recipes_beat_their_public_recipe_by_more_than_the_band(point):

@@ -10,7 +10,7 @@ import pytest
 from attune.control.spec import load_spec
 from attune.readers.traces import analyze_paths
 from attune.sim.api import apply_overrides
-from attune.sim.paper import CAMPAIGNS
+from attune.sim.paperfit.paper import CAMPAIGNS
 from attune.sim.recipe import render_argv
 from broker.backends.base import JobSpec
 from broker.backends.sim import SimBackend

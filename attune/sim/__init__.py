@@ -7,9 +7,9 @@
 Modules: `recipe` (a Megatron command line, resolved), `steptime` (the step-time model and its
 terms), `memory` (peak memory per stage), `defects` (how the world misbehaves), `loss` (loss
 curves), `estimate` (all of it for one recipe), `run` (one job on the simulated clock, with its
-Megatron-LM log), `kineto` (traces of profiled runs), `constants` (every assumed and fitted figure),
-`paper` (the paper's measured points). The backend is `broker.backends.sim`; docs/sim.md has the
-details.
+Megatron-LM log), `kineto` (traces of profiled runs), `constants` (every assumed and fitted figure).
+The fit to the paper's measured points is a side product in `attune.sim.paperfit`, which this package
+never imports. The backend is `broker.backends.sim`; docs/sim.md has the details.
 """
 
 from attune.sim.estimate import Estimate, estimate, estimate_recipe

@@ -2,7 +2,7 @@
 
 Each field says where its value comes from. "assumed" values are round figures from public
 practice (cuBLAS and NCCL achieve roughly these fractions of peak); "fitted" values were chosen by
-`benchmarks/fit_sim.py` on the fitted points of `attune/sim/paper.py` (the ATTUNE paper's Table 1
+`benchmarks/fit_sim.py` on the fitted points of `attune/sim/paperfit/paper.py` (the ATTUNE paper's Table 1
 baselines, shipped recipes of Tables D2/D3, Table F1's launches and its out-of-memory cases; the
 held-out points only check the fit). docs/sim.md lists every point, its error and each constant.
 They describe the paper's software stack on its clusters as the simulator sees it; they are not

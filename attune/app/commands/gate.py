@@ -22,7 +22,8 @@ from typing import Any
 
 from attune.core.errors import EXIT_FAILED, EXIT_OK, UsageError
 from attune.core.output import add_json_flag, emit_json
-from gate import config_check, convergence, inputs, judge, lists, noise, validate
+from gate import config_check, convergence, inputs, judge, lists, noise
+from gate.evaluation import validate
 
 
 def register(subparsers: Any) -> None:

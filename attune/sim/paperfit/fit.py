@@ -1,9 +1,9 @@
 """The simulator against the paper's measured points: each point's simulated value and its error.
 
-`evaluate(c)` runs every point of `attune.sim.paper.POINTS` through the noise-free estimate with
+`evaluate(c)` runs every point of `attune.sim.paperfit.paper.POINTS` through the noise-free estimate with
 the constants `c`; `summarise` gives the mean and largest absolute error per table, separately for
 the fitted and the held-out points. `benchmarks/fit_sim.py` fits the free constants on the fitted
-points and prints these tables; `tests/test_sim_fit.py` holds the held-out errors to their bounds.
+points and prints these tables; `tests/test_sim_paperfit.py` holds the held-out errors to their bounds.
 
 Errors: a throughput point's error is simulated / paper - 1; an outcome point (out of memory) is
 right or wrong, and counts as a miss in the table's outcome column, not in its mean error. A point
@@ -23,7 +23,7 @@ from attune.readers.bounded import read_yaml
 from attune.sim.api import apply_overrides, resolve_accelerator, resolve_model
 from attune.sim.constants import DEFAULT, Constants
 from attune.sim.estimate import estimate
-from attune.sim.paper import CAMPAIGNS, POINTS, PaperPoint
+from attune.sim.paperfit.paper import CAMPAIGNS, POINTS, PaperPoint
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The simulator's fit to the paper's measured points: the held-out points within their error bounds.
 
-`attune/sim/paper.py` marks each point `fit` (in `benchmarks/fit_sim.py`'s loss) or `holdout`
+`attune/sim/paperfit/paper.py` marks each point `fit` (in `benchmarks/fit_sim.py`'s loss) or `holdout`
 (never in it); docs/sim.md's fit table is `python benchmarks/fit_sim.py --markdown`. These bounds
 are what docs/sim.md reports, with a little room; a change to the simulator's constants or
 formulas that moves a held-out point past them has made the fit worse where it was not fitted.
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from attune.sim.fit import evaluate, summarise
-from attune.sim.paper import POINTS, TUNER_RESULTS
+from attune.sim.paperfit.fit import evaluate, summarise
+from attune.sim.paperfit.paper import POINTS, TUNER_RESULTS
 
 RESULTS = evaluate()
 # (table, split) -> (mean abs error, max abs error) bounds

@@ -33,7 +33,7 @@ from attune.core.recipe import render_args
 from attune.readers.metrics import read_losses, read_resolved_args
 from gate import config_check, convergence, judge, lists, noise
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "examples" / "tinygpt" / "train.py"
 FRAMEWORK = "megatron-lm"  # tinygpt logs in Megatron-LM's format
 
@@ -488,7 +488,7 @@ def _cli_validate(args: argparse.Namespace) -> int:
 
 def component_report(include_compile: bool = False) -> dict[str, Any]:
     """Run tinygpt's component tests and check each outcome against the status its list records."""
-    from gate import component
+    from gate.evaluation import component
 
     results = component.tinygpt_suite(include_compile=include_compile)
     rows = []

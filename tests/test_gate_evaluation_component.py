@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from gate import component
+from gate.evaluation import component
 from gate.lists import load_list
 
 torch = pytest.importorskip("torch")

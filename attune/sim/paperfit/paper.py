@@ -33,7 +33,7 @@ from pathlib import Path
 
 from attune.sim.recipe import ArgValue
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CAMPAIGNS = {
     "glm-4.5": ROOT / "examples" / "campaigns" / "glm45-128xb200",
     "llama-3.1-405b": ROOT / "examples" / "campaigns" / "llama31-405b-128xb200",

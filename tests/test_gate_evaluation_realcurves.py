@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from gate import realcurves
 from gate.config_check import ConfigCheckResult
+from gate.evaluation import realcurves
 from gate.judge import judge
 from gate.noise import (
     DEFAULT_PRECISION,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gate import validate
+from gate.evaluation import validate
 
 pytest.importorskip("torch")
 if not validate.TRAIN.exists():  # pragma: no cover
