@@ -24,7 +24,7 @@ from attune.tuners.base import ArgValue
 # compute. Selective recomputation repeats only the cheap modules (attention's core): a small share.
 RECOMPUTE_SHARE_OF_COMPUTE = {"full": 0.25, "selective": 0.05}
 # A cost below this share of the step is noise for ordering purposes: the catalog order stands.
-MIN_SHARE = 0.04
+MIN_SHARE = 0.10
 _OPTIMIZER_KERNEL = re.compile(r"adam|optimizer|multi_tensor_apply", re.IGNORECASE)
 # The analyzer's wait labels that are costs a lever can attack (everything else is folded or ignored).
 _COMM_LABELS = ("all_to_all", "tp_collective", "cp_collective", "dp_reduce", "pipeline_p2p")
