@@ -458,7 +458,13 @@ class CampaignRunner:
             want = required - len(st.calibration_values) - len(open_)
             room = spec.budget.concurrency - len(st.in_flight)
             for _ in range(max(0, min(want, room))):
-                status, payload = client.launch(kind="calibration")
+                # Diagnosis first: one calibration run is profiled where the tuner reads a profile (its trace
+                # window follows the measured steps, so the run still calibrates).
+                profile = self._wants_profile(spec) and not any(
+                    r.kind == RunKind.CALIBRATION and r.profile for r in st.runs.values())
+                status, payload = client.launch(kind="calibration", **({"profile": True} if profile else {}))
+                if profile:
+                    st = self._current()
                 if status == 201 and payload.get("admitted", True):
                     refused.clear()
                     continue
@@ -484,6 +490,7 @@ class CampaignRunner:
         if st.stop is not None:
             return
         tuner = self._make_tuner(spec)
+        self._diagnose_first(client, spec, tuner, st)
         replay = ReplayPlane(BrokerControlPlane(client, poll_s=min(self.poll_s, 1.0)), spec, st)
         from attune.tuners.coherent import CoherentPlane
 
@@ -509,6 +516,40 @@ class CampaignRunner:
         self.replayed = replay.replayed
         if replay.replayed and self.say:
             self.say(f"resumed: {replay.replayed} candidate(s) answered from the ledger, none launched twice")
+
+    def _wants_profile(self, spec: CampaignSpec) -> bool:
+        if not hasattr(self, "_profile_wanted"):
+            want = getattr(self._make_tuner(spec), "wants_profile", None)
+            self._profile_wanted = bool(want()) if callable(want) else False
+        return self._profile_wanted
+
+    def _diagnose_first(self, client: Any, spec: CampaignSpec, tuner: Any, st: Any) -> None:
+        """Read the profiled calibration run's traces, order the tuner's levers by the largest exposed cost,
+        and record the diagnosis (the profile, the order and its reason) in the ledger. A profile that
+        cannot be read leaves the catalog's order, and says why."""
+        want = getattr(tuner, "wants_profile", None)
+        if not callable(want) or not want():
+            return
+        from attune.core.campaign_paths import RUN_TRACES_DIR, run_dir
+        from attune.tuners.diagnosis import diagnose_traces
+
+        runs = [r for r in st.runs.values() if r.kind == RunKind.CALIBRATION and r.profile
+                and r.status == "finished" and r.outcome == "ok"]
+        if not runs:
+            return
+        run = runs[0]
+        try:
+            diag = diagnose_traces(run_dir(self.dir, run.run_id) / RUN_TRACES_DIR, dict(spec.baseline.args), run.run_id)
+        except Exception as exc:  # a job-written trace is input: a bad one orders nothing
+            text = f"diagnosis first: the profile of {run.run_id} could not be read ({str(exc)[:200]}); catalog order kept"
+            client.call("POST", "/v1/diagnoses", body={"run_id": run.run_id, "diagnosis": text})
+            return
+        why = tuner.diagnose(diag.shares, source=run.run_id)
+        top = diag.largest()
+        order = ", ".join(tuner.order[:6])
+        text = f"diagnosis first (profiled calibration run): {diag.text()}. Lever order: {order}. Why: {why}"
+        client.call("POST", "/v1/diagnoses", body={"run_id": run.run_id, "diagnosis": text[:3900],
+                                                  "bottleneck": top[0][0] if top else None})
 
     def _make_tuner(self, spec: CampaignSpec) -> Any:
         knobs = None

@@ -837,15 +837,19 @@ def rule_concurrency(ctx: AdmitContext) -> Refusal | None:
 def rule_calibration(ctx: AdmitContext) -> Refusal | None:
     """A calibration run is the baseline itself, while calibration still needs runs."""
     req, state = ctx.agent, ctx.state
-    if not ctx.edits.empty or req.profile or req.base not in ("leader", "baseline"):
-        return Refusal("bad_request", "a calibration run is the baseline itself: no changes, no profiling")
+    if not ctx.edits.empty or req.base not in ("leader", "baseline"):
+        return Refusal("bad_request", "a calibration run is the baseline itself: no changes")
+    if req.profile and any(r.kind == "calibration" and r.profile for r in state.runs.values()):
+        # One profiled calibration run (diagnosis first): its trace window follows the measured steps, so
+        # its measurement counts; one profile of the baseline is enough.
+        return Refusal("bad_request", "a calibration run is the baseline itself: only one of them is profiled")
     required = state.calibration_runs_required
     cal_open = sum(1 for r in state.in_flight if r.kind == "calibration")
     if len(state.calibration_values) + cal_open >= required:
         return Refusal("calibration_full", (
             f"calibration needs {required} good baseline runs; {len(state.calibration_values)} done and "
             f"{cal_open} in flight"))
-    ctx.candidate = ctx.control.gen.candidate(Changes(), Changes(), False)
+    ctx.candidate = ctx.control.gen.candidate(Changes(), Changes(), req.profile)
     return None
 
 

@@ -35,6 +35,10 @@ Framework = Literal["megatron", "tinygpt"]
 Category = Literal["parallelism", "pipeline", "memory", "communication", "moe", "kernels", "host", "numeric"]
 Effect = Literal["up", "down", "none", "either"]
 SizeClass = Literal["negligible", "small", "medium", "large", "varies"]
+# The exposed costs of a step a profile can show (the trace analyzer's labels, plus the recomputation and
+# the optimizer read from the compute): what a lever attacks, so a diagnosis can pick the lever to try first.
+CostKind = Literal["all_to_all", "tp_collective", "cp_collective", "dp_reduce", "pipeline_p2p", "memcpy",
+                   "host_launch", "host_python", "host_data_loading", "recompute", "optimizer"]
 
 LeverId = Annotated[str, Field(pattern=r"^[a-z0-9]+(?:-[a-z0-9]+)*$", min_length=2, max_length=60)]
 Text = Annotated[str, Field(min_length=3)]
@@ -103,6 +107,9 @@ class Lever(_Strict):
     hurts_when: list[Text] = Field(min_length=1)
     direction: Direction
     rough_size: RoughSize
+    attacks: list[CostKind] = Field(default_factory=list, description=(
+        "the exposed costs of a step (a profile's breakdown) this lever can shrink; a tuner tries first the "
+        "lever that attacks the largest one"))
     couplings: list[Coupling] = Field(default_factory=list)
     constraints: list[Text] = Field(default_factory=list, description="feasibility rules to check before launch")
     verify: list[Text] = Field(min_length=1, description="how to confirm the change took effect and did its job")
@@ -118,6 +125,14 @@ class Lever(_Strict):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"duplicate flag(s) {dup}")
+        return v
+
+    @field_validator("attacks")
+    @classmethod
+    def _unique_attacks(cls, v: list[str]) -> list[str]:
+        dup = sorted({n for n in v if v.count(n) > 1})
+        if dup:
+            raise ValueError(f"duplicate cost kind(s) {dup}")
         return v
 
 

@@ -55,14 +55,14 @@ def space_and_baseline(spec: CampaignSpec) -> tuple[dict[str, list[ArgValue]], d
     return space, baseline
 
 
-def catalog_guidance(spec: CampaignSpec, keys: list[str]) -> tuple[list[str], dict[str, str]]:
-    """Lever order (larger typical effect first) and hypotheses for the space's keys, from the catalog."""
+def _catalog_levers(spec: CampaignSpec, keys: list[str]) -> dict[str, Any] | None:
+    """The catalog's lever for each of the space's keys (None: no catalog)."""
     try:
         from attune.knowledge.catalog import load_catalog
 
         catalog = load_catalog()
     except Exception:  # the tuner still runs without the catalog, in the campaign's order
-        return list(keys), {}
+        return None
     framework = "tinygpt" if spec.model.startswith("tinygpt") else "megatron"
     found: dict[str, Any] = {}
     for key in keys:
@@ -70,6 +70,20 @@ def catalog_guidance(spec: CampaignSpec, keys: list[str]) -> tuple[list[str], di
         matches.sort(key=lambda lv: 0 if framework in lv.frameworks else 1)
         if matches:
             found[key] = matches[0]
+    return found
+
+
+def catalog_attacks(spec: CampaignSpec, keys: list[str]) -> dict[str, list[str]]:
+    """The exposed costs each of the space's keys attacks (the catalog's `attacks`), for diagnosis first."""
+    found = _catalog_levers(spec, keys) or {}
+    return {k: list(lv.attacks) for k, lv in found.items() if lv.attacks}
+
+
+def catalog_guidance(spec: CampaignSpec, keys: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Lever order (larger typical effect first) and hypotheses for the space's keys, from the catalog."""
+    found = _catalog_levers(spec, keys)
+    if found is None:
+        return list(keys), {}
     order = sorted(keys, key=lambda k: (SIZE_ORDER.get(found[k].rough_size.size, 5) if k in found else 6,
                                         keys.index(k)))
     hypotheses = {}
@@ -215,7 +229,7 @@ def _heuristic(spec: CampaignSpec, seed: int, max_passes: int, knobs: KnobSpace 
                           max_passes=max_passes, couple=couple, extra_baseline=extra,
                           memory_retry=spec.framework == "megatron-lm" or "--recompute-granularity" in space,
                           base=_base(spec, knobs), cohere=coherent if spec.framework == "megatron-lm" else None,
-                          fits=memory_fit(spec))
+                          fits=memory_fit(spec), attacks=catalog_attacks(spec, list(space)))
 
 
 def memory_fit(spec: CampaignSpec) -> Callable[[dict[str, ArgValue]], bool | None] | None:

@@ -85,6 +85,7 @@ class HeuristicTuner(Tuner):
         base: Recipe | None = None,
         cohere: Coherer | None = None,
         fits: MemoryFit | None = None,
+        attacks: dict[str, list[str]] | None = None,
     ) -> None:
         super().__init__(space, baseline, seed, base)
         # Flags outside the space that a coupled move may set (the pipeline split, recompute details).
@@ -109,6 +110,8 @@ class HeuristicTuner(Tuner):
         order = [k for k in (priority or []) if k in space] + [k for k in space if k not in (priority or [])]
         self.order = order
         self.hypotheses = hypotheses or {}
+        self.attacks = dict(attacks or {})  # lever -> the exposed costs it attacks (the catalog's)
+        self.diagnosis: dict[str, Any] | None = None  # the profile read before the search, and the order it set
         self.leader: dict[str, ArgValue] = {}  # changes of the current leader relative to the baseline
         self.max_passes = max_passes
         self.passes = 0
@@ -212,6 +215,26 @@ class HeuristicTuner(Tuner):
         if "--recompute-granularity" in self.space or self.memory_retry:
             return _recompute_fixup(full, self.baseline)
         return full
+
+    def wants_profile(self) -> bool:
+        """Diagnosis first: a profile of the baseline can reorder the levers when the catalog says what
+        they attack."""
+        return bool(self.attacks) and self.diagnosis is None
+
+    def diagnose(self, shares: dict[str, float], source: str = "") -> str:
+        """Diagnosis first: order the levers so that the one attacking the largest exposed cost of the
+        profiled step goes first (`attune.tuners.diagnosis.order_by_diagnosis`). Only before the first
+        candidate is asked; returns the reason recorded with the new order."""
+        from attune.tuners.diagnosis import order_by_diagnosis
+
+        if self.measured or self.current_lever is not None:
+            return "the search has started: the lever order stays"
+        order, why = order_by_diagnosis(self.order, self.attacks, shares)
+        self.order = order
+        self._lever_iter = deque(order)
+        self.diagnosis = {"source": source, "order": list(order), "reason": why,
+                          "shares": {k: round(v, 4) for k, v in shares.items() if v > 0}}
+        return why
 
     # ---- the interface -----------------------------------------------------------------
     def ask(self) -> Candidate | None:
@@ -471,4 +494,5 @@ class HeuristicTuner(Tuner):
             "ruled_out": dict(self.ruled_out),
             "leader_changes": dict(self.leader),
             "passes": self.passes,
+            **({"diagnosis": self.diagnosis} if self.diagnosis else {}),
         }
