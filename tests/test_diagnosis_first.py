@@ -104,3 +104,33 @@ def test_a_sim_campaign_profiles_one_calibration_run_and_records_the_order(tmp_p
     # The profiled run still calibrates: the calibration mean counts it.
     first_search = next(i for i, r in enumerate(rows) if r["type"] == "launch_admitted" and r["data"].get("kind") == "search")
     assert any(r["type"] == "diagnosis_recorded" for r in rows[:first_search]), "diagnosed before the search"
+
+
+def test_a_diagnosis_reorders_only_inside_one_expected_gain_class() -> None:
+    """A lever the catalog expects to gain less is never put before one it expects to gain more, however
+    large the cost it attacks; inside a class the one attacking the largest cost goes first."""
+    order = ["a-large", "b-medium", "c-medium", "d-small"]
+    attacks = {"a-large": ["tp_collective"], "b-medium": ["dp_reduce"], "c-medium": ["all_to_all"],
+               "d-small": ["recompute"]}
+    groups = {"b-medium": 1, "c-medium": 1, "d-small": 3}  # a-large is left out: it keeps its place
+    shares = {"recompute": 0.6, "all_to_all": 0.3, "dp_reduce": 0.12}
+    new, why = order_by_diagnosis(order, attacks, shares, groups=groups)
+    assert new == ["a-large", "c-medium", "b-medium", "d-small"], new
+    assert "class" in why and "all_to_all" in why
+    # The same costs without classes move the smallest lever first: the classes are what holds it back.
+    assert order_by_diagnosis(order, attacks, shares)[0][0] == "d-small"
+
+
+def test_the_factory_leaves_large_levers_to_the_catalog_order() -> None:
+    from attune.control.spec import parse_spec
+    from attune.tuners.factory import catalog_gain_class, catalog_guidance
+
+    spec = parse_spec(yaml.safe_load((ROOT / "examples/campaigns/glm45-128xb200/campaign.yaml").read_text()))
+    keys = list(spec.search_space)
+    classes = catalog_gain_class(spec, keys)
+    order, _ = catalog_guidance(spec, keys)
+    assert "--tensor-model-parallel-size" in keys and "--tensor-model-parallel-size" not in classes
+    assert "--moe-token-dispatcher-type" in classes
+    # Every class the diagnosis may reorder comes after the large levers in the catalog's order.
+    large = [k for k in order if k not in classes]
+    assert order[: len(large)] == large

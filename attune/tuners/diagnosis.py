@@ -6,8 +6,10 @@ data-parallel reduce, pipeline send/receive with the bubble), memory copies and 
 Two costs hide inside its compute: the recomputed forward pass (read from the recipe's own
 recomputation flags: full recomputation repeats the forward, a quarter of forward + backward +
 recompute) and the optimizer step (its kernels, by name). `cost_shares` gives every cost as a share of
-the step; `order_by_diagnosis` moves the levers that attack the largest costs to the front, using only
-the lever catalog's `attacks` field (data, never model names).
+the step; `order_by_diagnosis` moves the levers that attack the largest costs ahead of the others of the
+same expected-gain class (the catalog's `rough_size`), using only the lever catalog's `attacks` and
+`rough_size` fields (data, never model names): a diagnosis picks among levers of equal catalog priority,
+it never puts a small lever before a large one.
 """
 
 from __future__ import annotations
@@ -87,17 +89,35 @@ def diagnose_traces(trace_dir: Path, args: Mapping[str, ArgValue], run_id: str |
 
 
 def order_by_diagnosis(order: list[str], attacks: Mapping[str, list[str]], shares: Mapping[str, float],
-                       min_share: float = MIN_SHARE) -> tuple[list[str], str]:
-    """The levers attacking a cost of at least `min_share` of the step go first, the one attacking the
-    largest cost first (ties keep the catalog's order); the rest keep their order. With the reason."""
+                       min_share: float = MIN_SHARE,
+                       groups: Mapping[str, int] | None = None) -> tuple[list[str], str]:
+    """Within each of the catalog's expected-gain classes (`groups`: lever -> its `rough_size` rank), the
+    levers attacking a cost of at least `min_share` of the step go first, the one attacking the largest
+    cost first (ties keep the catalog's order); every class keeps its places in the order, so a diagnosis
+    never puts a small lever before a large one. Without `groups` the whole order is one class. A lever
+    outside `groups` keeps its place. Returns the new order with its reason."""
     def score(lever: str) -> float:
-        return max((shares.get(k, 0.0) for k in attacks.get(lever, [])), default=0.0)
+        s = max((shares.get(k, 0.0) for k in attacks.get(lever, [])), default=0.0)
+        return s if s >= min_share else 0.0
 
-    front = sorted((lv for lv in order if score(lv) >= min_share), key=lambda lv: (-score(lv), order.index(lv)))
-    new = front + [lv for lv in order if lv not in front]
-    if not front:
+    def group(lever: str) -> object:
+        if groups is None:
+            return 0
+        return groups.get(lever, ("alone", lever))
+
+    new = list(order)
+    for g in dict.fromkeys(group(lv) for lv in order):
+        places = [i for i, lv in enumerate(order) if group(lv) == g]
+        ranked = sorted((order[i] for i in places), key=lambda lv: (-score(lv), order.index(lv)))
+        for i, lv in zip(places, ranked, strict=True):
+            new[i] = lv
+    moved = [lv for lv in order if score(lv) > 0]
+    if not moved:
         return list(order), f"no lever attacks a cost of {min_share * 100:.0f}% or more of the step: catalog order kept"
     firsts = "; ".join(
-        f"{lv} (attacks {max(attacks[lv], key=lambda k: shares.get(k, 0.0))} "
-        f"{score(lv) * 100:.0f}%)" for lv in front[:3])
-    return new, f"largest exposed cost first: {firsts}"
+        f"{lv} (attacks {max(attacks[lv], key=lambda k: shares.get(k, 0.0))} {score(lv) * 100:.0f}%)"
+        for lv in sorted(moved, key=lambda lv: -score(lv))[:3])
+    scope = "within each of the catalog's expected-gain classes" if groups is not None else "over all levers"
+    if new == list(order):
+        return new, f"largest exposed cost first, {scope}: the catalog order already has it ({firsts})"
+    return new, f"largest exposed cost first, {scope}: {firsts}"

@@ -79,6 +79,21 @@ def catalog_attacks(spec: CampaignSpec, keys: list[str]) -> dict[str, list[str]]
     return {k: list(lv.attacks) for k, lv in found.items() if lv.attacks}
 
 
+# Levers the catalog sizes "large" reshape the whole step (layout degrees): one exposed cost does not predict
+# what they do, so a diagnosis leaves them in the catalog's order.
+DIAGNOSIS_FIXED_SIZES = frozenset({"large"})
+
+
+def catalog_gain_class(spec: CampaignSpec, keys: list[str]) -> dict[str, int]:
+    """The expected-gain class of each of the space's keys that a diagnosis may reorder (the rank of its
+    catalog lever's `rough_size`, as `catalog_guidance` orders them): a diagnosis reorders levers only
+    inside one class. Keys of a "large" lever, and keys outside the catalog, are left out: they keep
+    their place."""
+    found = _catalog_levers(spec, keys) or {}
+    return {k: SIZE_ORDER.get(found[k].rough_size.size, 5) for k in keys
+            if k in found and found[k].rough_size.size not in DIAGNOSIS_FIXED_SIZES}
+
+
 def catalog_guidance(spec: CampaignSpec, keys: list[str]) -> tuple[list[str], dict[str, str]]:
     """Lever order (larger typical effect first) and hypotheses for the space's keys, from the catalog."""
     found = _catalog_levers(spec, keys)
@@ -229,7 +244,8 @@ def _heuristic(spec: CampaignSpec, seed: int, max_passes: int, knobs: KnobSpace 
                           max_passes=max_passes, couple=couple, extra_baseline=extra,
                           memory_retry=spec.framework == "megatron-lm" or "--recompute-granularity" in space,
                           base=_base(spec, knobs), cohere=coherent if spec.framework == "megatron-lm" else None,
-                          fits=memory_fit(spec), attacks=catalog_attacks(spec, list(space)))
+                          fits=memory_fit(spec), attacks=catalog_attacks(spec, list(space)),
+                          gain_class=catalog_gain_class(spec, list(space)))
 
 
 def memory_fit(spec: CampaignSpec) -> Callable[[dict[str, ArgValue]], bool | None] | None:

@@ -86,6 +86,7 @@ class HeuristicTuner(Tuner):
         cohere: Coherer | None = None,
         fits: MemoryFit | None = None,
         attacks: dict[str, list[str]] | None = None,
+        gain_class: dict[str, int] | None = None,
     ) -> None:
         super().__init__(space, baseline, seed, base)
         # Flags outside the space that a coupled move may set (the pipeline split, recompute details).
@@ -111,6 +112,8 @@ class HeuristicTuner(Tuner):
         self.order = order
         self.hypotheses = hypotheses or {}
         self.attacks = dict(attacks or {})  # lever -> the exposed costs it attacks (the catalog's)
+        # lever -> the catalog's expected-gain class (rank of `rough_size`): a diagnosis reorders only inside one
+        self.gain_class = dict(gain_class) if gain_class is not None else None
         self.diagnosis: dict[str, Any] | None = None  # the profile read before the search, and the order it set
         self.leader: dict[str, ArgValue] = {}  # changes of the current leader relative to the baseline
         self.max_passes = max_passes
@@ -229,7 +232,7 @@ class HeuristicTuner(Tuner):
 
         if self.measured or self.current_lever is not None:
             return "the search has started: the lever order stays"
-        order, why = order_by_diagnosis(self.order, self.attacks, shares)
+        order, why = order_by_diagnosis(self.order, self.attacks, shares, groups=self.gain_class)
         self.order = order
         self._lever_iter = deque(order)
         self.diagnosis = {"source": source, "order": list(order), "reason": why,
