@@ -21,6 +21,12 @@ objective (docs/gate.md, "Combining the two verdicts"):
    standard deviation ``D`` correlates with itself at ``S / sqrt(S^2 + D^2)``, which is below 0.95
    exactly when ``S < 3.04 D``.) The noise sigma is the envelope's, ``u(s) * |baseline(s)|``, RMS
    over the window, never the candidate's own difference.
+3. *Correlation of the trend, for a layout-only change*: when layer 1 classes the change as layout-only
+   (``NoiseConfig.change == 'layout'``), layer 2 judges drift and divergence, not each step, so the
+   correlation is taken on the trend too: both curves smoothed by a centred moving average over the
+   envelope's own pooling window (``NoiseConfig.window`` logged steps on each side, the window the
+   noise model already pools over; not fitted to any pair). A raw correlation below 0.95 is excused
+   when the trend's reaches 0.95. Strict mode (change unknown or objective) keeps the raw correlation.
 
 Every other reference failure (point-wise band, final loss, outliers) counts as it is.
 """
@@ -103,6 +109,39 @@ def _flat_window(baseline: Curve, used: ConvergenceResult, env: NoiseEnvelope) -
         f"noise {noise:.4g}, so even a replicate could not reach {used.checks.correlation.threshold}"))
 
 
+def _moving_average(x: np.ndarray, half: int) -> np.ndarray:
+    """Centred moving average over `half` logged steps on each side (truncated at the ends)."""
+    return np.array([x[max(0, i - half): i + half + 1].mean() for i in range(len(x))])
+
+
+def _trend_correlation(baseline: Curve, candidate: Curve, used: ConvergenceResult, failing: list[str],
+                       cfg: NoiseConfig) -> Excuse | None:
+    """Layout-only changes: the excuse for a failed correlation when the curves' trends (moving averages over
+    the envelope's pooling window) correlate at the reference's threshold. Never for a data problem."""
+    if (cfg.change != "layout" or "correlation" not in failing or used.checks is None or used.data_problems
+            or len(used.steps) < 3):
+        return None
+    try:
+        b = np.array([float(baseline[s]) for s in used.steps])  # type: ignore[arg-type]
+        c = np.array([float(candidate[s]) for s in used.steps])  # type: ignore[arg-type]
+    except (KeyError, TypeError):
+        return None
+    if not (np.all(np.isfinite(b)) and np.all(np.isfinite(c))):
+        return None
+    bs, cs = _moving_average(b, cfg.window), _moving_average(c, cfg.window)
+    if np.std(bs) == 0 or np.std(cs) == 0:
+        return None
+    r = float(np.corrcoef(bs, cs)[0, 1])
+    threshold = used.checks.correlation.threshold
+    if not (math.isfinite(r) and r >= threshold):
+        return None
+    return Excuse(check="correlation", why=(
+        f"correlation {used.checks.correlation.value:.3f} of the raw curves, {r:.3f} of their trends "
+        f"(moving average over {cfg.window} logged steps on each side, the envelope's window) over steps "
+        f"{used.steps[0]}-{used.steps[-1]}: a layout-only change is judged for drift and divergence, and its "
+        f"trend follows the baseline's (threshold {threshold})"))
+
+
 def _summary(passed: bool, na: NoiseAwareResult, ref: ConvergenceResult, excused: list[Excuse],
              reasons: list[str]) -> str:
     assumed = f" [assumed: {na.assumed()}]"
@@ -136,6 +175,10 @@ def judge(baseline: Curve, candidate: Curve, *, replicates: Sequence[tuple[str, 
     if flat is not None:
         failing.remove("correlation")
         excused.append(flat)
+    trend = _trend_correlation(baseline, candidate, used, failing, ncfg)
+    if trend is not None:
+        failing.remove("correlation")
+        excused.append(trend)
     ref_ok = not failing and not used.data_problems
     reasons: list[str] = []
     if not na.passed:

@@ -208,3 +208,30 @@ def test_zero_spread_falls_back_to_the_layout_allowance_or_the_floor_and_says_wh
     res = check_noise_aware(base, cand, env_u, config_for("bf16", "given", change="layout"))
     assert res.envelope.allowance == "layout allowance" and res.envelope.floor_rel == LAYOUT_FLOOR_BY_PRECISION["bf16"]
     assert "layout allowance" in res.envelope.basis
+
+
+def test_layout_change_correlation_is_judged_on_the_trend():
+    """A layout-only change: per-step scatter around the same trend breaks the raw correlation but not the
+    trend's (moving average over the envelope's window); strict mode keeps the raw correlation; a NaN or a
+    missing step is never excused; a candidate whose trend differs is not excused."""
+    from gate.judge import judge
+    from gate.noise import config_for
+
+    rng = np.random.default_rng(7)
+    steps = range(1, 101)
+    trend = {s: 3.3 - 0.5 * (1 - np.exp(-s / 30)) for s in steps}
+    base = {s: float(trend[s] + rng.normal(0, 0.03)) for s in steps}
+    cand = {s: float(trend[s] + rng.normal(0, 0.03)) for s in steps}
+    layout, strict = config_for("bf16", "given", change="layout"), config_for("bf16", "given")
+    g = judge(base, cand, replicates=[("r", "replicate", dict(base))], noise_config=layout)
+    assert "correlation" in g.reference.failed_checks  # the raw curves correlate below 0.95
+    assert any(e.check == "correlation" and "trends" in e.why for e in g.excused), g.excused
+    assert g.reference_counts
+    s = judge(base, cand, replicates=[("r", "replicate", dict(base))], noise_config=strict)
+    assert not s.reference_counts and not s.passed and not any(e.check == "correlation" for e in s.excused)
+    for broken in ({**cand, 60: float("nan")}, {k: v for k, v in cand.items() if k != 60}):
+        b = judge(base, broken, replicates=[("r", "replicate", dict(base))], noise_config=layout)
+        assert not b.passed and not b.reference_counts
+    other = {s: float(trend[s] + 0.08 * np.sin(s / 6) + rng.normal(0, 0.03)) for s in steps}  # another shape
+    o = judge(base, other, replicates=[("r", "replicate", dict(base))], noise_config=layout)
+    assert not o.passed and not any("trends" in e.why for e in o.excused)
