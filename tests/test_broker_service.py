@@ -196,7 +196,10 @@ def test_concurrent_launches_never_overrun_the_budget(served: Served) -> None:
         for _, p in results:
             if p.get("admitted"):
                 status, res = c.call("POST", f"/v1/runs/{p['run_id']}/cancel")
-                assert status == 200 and res["outcome"] in ("cancelled", "ok")
+                # 300 ms steps are far slower than the calibrated cost: the monitor may have stopped the
+                # run at its charge bound already (overrun), and the cancel then says it had finished.
+                assert status == 200 and (res.get("outcome") in ("cancelled", "ok", "overrun")
+                                          or "already finished" in str(res.get("reason"))), res
         status, camp = c.call("GET", "/v1/campaign")
     # The burst spent the budget: once nothing is in flight the monitor may start shipping at once (a
     # re-measurement run of the baseline); no search run is left in flight and nothing else is counted.

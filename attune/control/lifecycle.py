@@ -31,7 +31,7 @@ from typing import Any
 from attune.control import shipper, shipping
 from attune.control.plane import Control, JobFacts, LaunchAnswer, RunRequest, charge_bound
 from attune.core.campaign_paths import RUN_KILL_FILE, RUN_LOG
-from attune.core.measure import PRUNER, partial_throughput
+from attune.core.measure import PRUNER, gpu_hours, partial_throughput
 from attune.core.state import RunState
 from attune.core.vocab import FINAL_KINDS, STOPPED_OUTCOMES, RunOutcome
 
@@ -104,6 +104,7 @@ class Lifecycle:
         self.backend = backend
         self._unreachable_since: dict[str, float] = {}  # run id -> when the backend first did not answer
         self._kill_idle: dict[str, float | None] = {}  # run id -> the log's idle seconds when it was killed
+        self._last_seen: dict[str, float] = {}  # run id -> the backend clock at its last running observation
 
     # --- admission ----------------------------------------------------------------------------
     def admit(self, request: RunRequest | dict[str, Any]) -> LaunchAnswer:
@@ -177,11 +178,16 @@ class Lifecycle:
         if bound is None:
             return None
         now = event.now if event.now is not None else time.time()
-        used = spec.cluster.gpus * max(0.0, now - started) / 3600.0
-        if used < bound[0]:
+        used = gpu_hours(spec.cluster.gpus, now - started)
+        # What it will have used by the next observation (the monitor's last interval again): a run is
+        # stopped before it would pass its bound, not one monitor step after.
+        last = self._last_seen.get(run.run_id)
+        self._last_seen[run.run_id] = now
+        ahead = gpu_hours(spec.cluster.gpus, now - last) if last is not None and now > last else 0.0
+        if used + ahead < bound[0]:
             return None
-        return (f"stopped by the monitor at its charge bound: used {used:.6g} GPU-h, bound {bound[0]:.6g} GPU-h "
-                f"({bound[1]})")
+        return (f"stopped by the monitor at its charge bound: used {used:.6g} GPU-h (about {used + ahead:.6g} by "
+                f"the next monitor step), bound {bound[0]:.6g} GPU-h ({bound[1]})")
 
     def _kill(self, run_id: str, why: str, detail: str, idle: float | None) -> Reaction:
         self.mark_kill(run_id, why, detail)
