@@ -81,7 +81,9 @@ TINY_ARGS = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads"
 def tinygpt_argv(run_dir: Path, iters: int, *extra: str, torchrun: bool = False) -> tuple[str, ...]:
     """A tinygpt run: one process (the fastest start on a busy machine), or torchrun with its rank."""
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"] if torchrun else []
-    return (sys.executable, *launcher, "examples/tinygpt/train.py", *TINY_ARGS, "--train-iters", str(iters),
+    # absolute: a job runs in its run directory, as the run generator's job_command makes the baseline's words
+    train = str(Path(__file__).resolve().parents[1] / "examples" / "tinygpt" / "train.py")
+    return (sys.executable, *launcher, train, *TINY_ARGS, "--train-iters", str(iters),
             "--run-dir", str(run_dir), *extra)
 
 

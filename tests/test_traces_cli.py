@@ -47,7 +47,10 @@ def test_text_output(tmp_path):
 
 def test_bad_input_exits_2(tmp_path):
     p = cli("analyze", str(tmp_path / "nope"), "--json")
-    assert p.returncode == 2 and "no such file" in p.stderr and p.stdout == ""
+    # under --json a usage error is also one JSON document on stdout (exit 2), the reason on stderr
+    assert p.returncode == 2 and "no such file" in p.stderr
+    out = json.loads(p.stdout)
+    assert out["ok"] is False and out["exit_code"] == 2 and "no such file" in out["reason"]
     (tmp_path / "x.json").write_text("[]")
     p = cli("analyze", str(tmp_path / "x.json"))
     assert p.returncode == 2 and "not a JSON object" in p.stderr
