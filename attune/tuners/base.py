@@ -100,3 +100,32 @@ class Tuner(abc.ABC):
     def diff(self, full: dict[str, ArgValue]) -> dict[str, ArgValue]:
         """Only the levers whose value differs from the baseline."""
         return {k: v for k, v in full.items() if self.baseline.get(k) != v}
+
+
+class PlaneWrapper:
+    """A control plane in front of another (the driver's `ControlPlane`): it rewrites candidates in
+    `evaluate` and adds its own counts to the stop's evidence (`stop_evidence`); everything else is the
+    inner plane's."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.concurrency = inner.concurrency
+
+    def evaluate(self, candidate: Candidate, prune_below: float | None) -> Outcome:
+        return self.inner.evaluate(candidate, prune_below)
+
+    def can_launch(self) -> bool:
+        return bool(self.inner.can_launch())
+
+    def baseline_tps(self) -> float:
+        return float(self.inner.baseline_tps())
+
+    def leader_tps(self) -> float:
+        return float(self.inner.leader_tps())
+
+    def stop_evidence(self) -> dict[str, Any]:
+        return {}
+
+    def record_stop(self, evidence: dict[str, Any]) -> None:
+        self.inner.record_stop({**evidence, **self.stop_evidence()})
+

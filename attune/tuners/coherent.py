@@ -15,7 +15,7 @@ from typing import Any
 
 from attune.control.spec import CampaignSpec
 from attune.knowledge.coherence import cohere
-from attune.tuners.base import ArgValue, Candidate, Outcome
+from attune.tuners.base import ArgValue, Candidate, Outcome, PlaneWrapper
 
 
 def model_layers(spec: CampaignSpec) -> int | None:
@@ -62,14 +62,13 @@ def coherent_changes(spec: CampaignSpec, changes: Mapping[str, ArgValue], layers
     return out
 
 
-class CoherentPlane:
+class CoherentPlane(PlaneWrapper):
     """A `ControlPlane` that launches the coherent form of each candidate (module doc)."""
 
     def __init__(self, inner: Any, spec: CampaignSpec) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.spec = spec
         self.layers = model_layers(spec)
-        self.concurrency = inner.concurrency
         self.cohered = 0  # candidates whose flags the rules changed
 
     def evaluate(self, candidate: Candidate, prune_below: float | None) -> Outcome:
@@ -80,14 +79,5 @@ class CoherentPlane:
                                   expected_gain=candidate.expected_gain, token=candidate.token)
         return self.inner.evaluate(candidate, prune_below)
 
-    def can_launch(self) -> bool:
-        return bool(self.inner.can_launch())
-
-    def baseline_tps(self) -> float:
-        return float(self.inner.baseline_tps())
-
-    def leader_tps(self) -> float:
-        return float(self.inner.leader_tps())
-
-    def record_stop(self, evidence: dict[str, Any]) -> None:
-        self.inner.record_stop({**evidence, "cohered_candidates": self.cohered})
+    def stop_evidence(self) -> dict[str, Any]:
+        return {"cohered_candidates": self.cohered}

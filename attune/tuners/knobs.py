@@ -26,7 +26,7 @@ from attune.control.spec import CampaignSpec
 from attune.core.errors import TunerError
 from attune.core.recipe import DEGREE_FLAGS, ParallelDims, Recipe
 from attune.knowledge.layouts import LayoutError, find_model, pipeline_split
-from attune.tuners.base import ArgValue, Candidate, Outcome
+from attune.tuners.base import ArgValue, Candidate, Outcome, PlaneWrapper
 from attune.tuners.prefilter import recipe_layout, recipe_memory
 
 # The memory pre-filter's margins (Appendix E): the largest that admit every bring-up layout that fit.
@@ -249,13 +249,12 @@ def flag_changes(baseline: Mapping[str, ArgValue], args: Mapping[str, ArgValue])
     return {k: changed[k] for k in dict.fromkeys([*args, *baseline]) if k in changed}  # in the recipe's order
 
 
-class KnobPlane:
+class KnobPlane(PlaneWrapper):
     """A `ControlPlane` over knob draws: translates each to flag changes for the inner plane (module doc)."""
 
     def __init__(self, inner: Any, space: KnobSpace) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.space = space
-        self.concurrency = inner.concurrency
         self.infeasible = 0
 
     def evaluate(self, candidate: Candidate, prune_below: float | None) -> Outcome:
@@ -269,14 +268,5 @@ class KnobPlane:
                           token=candidate.token)
         return self.inner.evaluate(flags, prune_below)
 
-    def can_launch(self) -> bool:
-        return bool(self.inner.can_launch())
-
-    def baseline_tps(self) -> float:
-        return float(self.inner.baseline_tps())
-
-    def leader_tps(self) -> float:
-        return float(self.inner.leader_tps())
-
-    def record_stop(self, evidence: dict[str, Any]) -> None:
-        self.inner.record_stop({**evidence, "infeasible_draws": self.infeasible})
+    def stop_evidence(self) -> dict[str, Any]:
+        return {"infeasible_draws": self.infeasible}
