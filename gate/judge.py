@@ -41,13 +41,17 @@ from pydantic import BaseModel, Field
 
 from gate.convergence import ConvergenceConfig, ConvergenceResult, check_convergence
 from gate.noise import (
+    FLOOR_BY_PRECISION,
     Assumptions,
     Curve,
+    DifferenceTest,
     NoiseAwareResult,
     NoiseConfig,
     NoiseEnvelope,
     build_envelope,
     check_noise_aware,
+    difference_test,
+    floor_for,
     grid_gaps,
 )
 
@@ -70,6 +74,8 @@ class GateConvergence(BaseModel):
     excused: list[Excuse]
     noise_aware: NoiseAwareResult
     assumptions: Assumptions | None = Field(None, description="precision, noise source, change class and window")
+    difference: DifferenceTest | None = Field(None, description=(
+        "the difference test, when the change class was unknown and the caller asked to infer the mode from it"))
 
 
 def _finite(v: object) -> bool:
@@ -152,13 +158,32 @@ def _summary(passed: bool, na: NoiseAwareResult, ref: ConvergenceResult, excused
                                      + "; ".join(x.why for x in excused)) + assumed)
 
 
+def infer_change(baseline: Curve, candidate: Curve, cfg: NoiseConfig) -> tuple[NoiseConfig, DifferenceTest | None]:
+    """For a change of unknown class: the layout judgment if and only if the difference curve looks like zero-mean,
+    non-drifting noise under the difference test (`gate.noise.difference_test`), strict otherwise; the
+    configuration to judge with (its `change_basis` says why) and the test. A given class is kept as it is."""
+    if cfg.change != "unknown":
+        return cfg, None
+    test = difference_test(baseline, candidate, cfg.skip_fraction)
+    if not test.noise_like:
+        return cfg.model_copy(update={"change_basis": test.why}), test
+    floor = max(cfg.floor_rel, floor_for(cfg.precision, "layout")) if cfg.precision in FLOOR_BY_PRECISION \
+        else cfg.floor_rel
+    return cfg.model_copy(update={"change": "layout", "floor_rel": floor, "change_basis": test.why}), test
+
+
 def judge(baseline: Curve, candidate: Curve, *, replicates: Sequence[tuple[str, str, Curve]] = (),
           envelope: NoiseEnvelope | None = None, reference_config: ConvergenceConfig | None = None,
           noise_config: NoiseConfig | None = None,
-          candidate_runs: Sequence[tuple[str, Curve]] = ()) -> GateConvergence:
+          candidate_runs: Sequence[tuple[str, Curve]] = (), infer: bool = False) -> GateConvergence:
     """Both verdicts and the gate's combination. `replicates`: (name, kind, curve) runs of the baseline's objective;
-    `candidate_runs`: (name, curve) runs of the candidate's recipe whose spread joins the noise model."""
+    `candidate_runs`: (name, curve) runs of the candidate's recipe whose spread joins the noise model. `infer`: when
+    the change class is unknown, judge it as a layout change if and only if the difference looks like noise
+    (`infer_change`); the verdict's assumptions say which and why. Data problems reject in either mode."""
     ncfg = noise_config or NoiseConfig()
+    test: DifferenceTest | None = None
+    if infer:
+        ncfg, test = infer_change(baseline, candidate, ncfg)
     env = envelope or build_envelope(baseline, replicates, ncfg, candidate_runs)
     ref = check_convergence(baseline, candidate, reference_config)
     na = check_noise_aware(baseline, candidate, env, ncfg)
@@ -189,7 +214,7 @@ def judge(baseline: Curve, candidate: Curve, *, replicates: Sequence[tuple[str, 
     passed = na.passed and ref_ok
     return GateConvergence(passed=passed, summary=_summary(passed, na, ref, excused, reasons), reasons=reasons,
                            reference=ref, reference_common=common_ref, reference_counts=ref_ok, excused=excused,
-                           noise_aware=na, assumptions=na.assumptions)
+                           noise_aware=na, assumptions=na.assumptions, difference=test)
 
 
 # A rejected verdict is *borderline* when the noise-aware check alone rejects it (layer 1 and the reference rule

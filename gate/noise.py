@@ -119,6 +119,9 @@ class NoiseConfig(BaseModel):
         "what layer 1 says changed: 'layout' (only structural / same-math arguments: judged for drift and "
         "divergence after the first skip_fraction of the steps) or 'unknown' (every step at replicate level)"))
     skip_fraction: float = Field(0.20, ge=0, lt=1, description="layout changes: leading share of steps not judged")
+    change_basis: str | None = Field(None, description=(
+        "why the change is judged in this mode when it was not given: the difference test's reading "
+        "(`difference_test`), stated in the verdict's assumptions"))
 
 
 class NoiseSource(BaseModel):
@@ -217,14 +220,18 @@ class Assumptions(BaseModel):
     change: str = Field(description="'layout' (drift and divergence) or 'unknown' (replicate level at every step)")
     window: list[int] = Field(description="[first, last] step judged; [] when nothing could be judged")
     judged_steps: int
+    change_basis: str | None = Field(None, description=(
+        "when the change class was unknown and the mode was inferred from the difference curve: what the "
+        "difference test read and which mode it chose"))
 
     def text(self) -> str:
         how = {"default": "assumed (not readable from the inputs; give --precision)", "log": "read from the log", "json": "read from the run's args",
                "given": "given"}.get(self.precision_source, self.precision_source)
         win = f"steps {self.window[0]}-{self.window[1]} ({self.judged_steps} judged)" if self.window else "no window"
+        basis = f" ({self.change_basis})" if self.change_basis else ""
         return (f"precision {self.precision} ({how}); noise from {self.noise_source} ({self.allowance} "
                 f"{self.floor_rel:.2%}, "
-                f"k {self.k_sigma:g}); change {self.change}; window {win}")
+                f"k {self.k_sigma:g}); change {self.change}{basis}; window {win}")
 
 
 class NoiseAwareResult(BaseModel):
@@ -487,6 +494,7 @@ def _noise_source(env: NoiseEnvelope) -> str:
 def _assumptions(cfg: NoiseConfig, env: NoiseEnvelope, judged: list[int]) -> Assumptions:
     return Assumptions(precision=cfg.precision, precision_source=cfg.precision_source, noise_source=_noise_source(env),
                        floor_rel=env.floor_rel, allowance=env.allowance, k_sigma=env.k_sigma, change=cfg.change,
+                       change_basis=cfg.change_basis,
                        window=[judged[0], judged[-1]] if judged else [], judged_steps=len(judged))
 
 
@@ -561,3 +569,90 @@ def check_noise_aware(baseline: Curve, candidate: Curve, envelope: NoiseEnvelope
     return NoiseAwareResult(passed=not reasons, reasons=reasons, failed_checks=failed, data_problems=problems,
                             notes=notes, steps=judged, envelope=env, level=level, trend=trend, pointwise=pw, gap=gap,
                             assumptions=_assumptions(cfg, env, judged))
+
+
+# The difference test (issue 25, unknown change class): does the candidate's difference from the baseline look
+# like what a layout change makes (reordered float sums: scatter around zero that does not grow), or like a
+# systematic change (a persistent offset, a drift)? Two t statistics on the relative difference d(s) over the
+# window a layout judgment uses (after the first skip_fraction of the steps): its mean, and the slope of its
+# least-squares line, each with a Newey-West (Bartlett kernel) long-run variance so that a difference that is
+# correlated from step to step is not mistaken for independent noise. Bandwidth: Newey and West's (1994) rule,
+# floor(4 (n/100)^(2/9)). The difference looks like noise when both |t| stay below NOISE_LIKE_Z, the two-sided
+# 5% normal quantile: a conventional level, not fitted to any corpus (on the development corpus 1.96 and 3 give
+# the same verdicts, docs/gate.md). Fewer than NOISE_TEST_MIN_STEPS judged steps cannot tell: the class stays
+# unknown (strict), as the point-wise test's own minimum (10 steps) does.
+NOISE_LIKE_Z = 1.96
+NOISE_TEST_MIN_STEPS = 10
+
+
+class DifferenceTest(BaseModel):
+    """What the difference curve looks like: zero-mean, non-drifting noise (`noise_like`) or systematic."""
+    steps: int = Field(description="judged steps the test rests on")
+    window: list[int] = Field(description="[first, last] step of the test")
+    mean_rel: float = Field(description="mean relative difference (candidate - baseline) / |baseline|")
+    mean_t: float | None = Field(description="mean / its Newey-West standard error (None: too few steps)")
+    slope_t: float | None = Field(description="least-squares slope / its Newey-West standard error")
+    bandwidth: int = Field(description="Newey-West lags")
+    limit: float = NOISE_LIKE_Z
+    noise_like: bool
+    why: str
+
+
+def newey_west_variance(x: np.ndarray, lags: int) -> float:
+    """The long-run variance of a series (Bartlett-kernel weighted autocovariances up to `lags`), per sample."""
+    x = np.asarray(x, dtype=np.float64) - float(np.mean(x))
+    n = len(x)
+    v = float(np.dot(x, x)) / n
+    for lag in range(1, min(lags, n - 1) + 1):
+        v += 2.0 * (1.0 - lag / (lags + 1.0)) * float(np.dot(x[lag:], x[:-lag])) / n
+    return max(v, 0.0)
+
+
+T_NO_SCATTER = 1e6  # the t of a nonzero mean or slope with no scatter at all (an exact offset): finite for JSON
+
+
+def _t(value: float, var: float) -> float:
+    if var > 0:
+        return max(-T_NO_SCATTER, min(T_NO_SCATTER, value / math.sqrt(var)))
+    return 0.0 if value == 0 else math.copysign(T_NO_SCATTER, value)
+
+
+def difference_test(baseline: Curve, candidate: Curve, skip_fraction: float = 0.20, z: float = NOISE_LIKE_Z,
+                    min_steps: int = NOISE_TEST_MIN_STEPS) -> DifferenceTest:
+    """Whether the candidate's relative difference from the baseline, after the first `skip_fraction` of the
+    common finite steps, looks like zero-mean, non-drifting noise (both Newey-West t statistics within `z`)."""
+    base, cand = _clean(baseline), _clean(candidate)
+    common = sorted(set(base) & set(cand))
+    judged = common[int(math.floor(len(common) * skip_fraction)):]
+    n = len(judged)
+    b = np.array([base[s] for s in judged], dtype=np.float64)
+    c = np.array([cand[s] for s in judged], dtype=np.float64)
+    d = np.where(b != 0, (c - b) / np.where(b != 0, np.abs(b), 1.0), c - b) if n else np.zeros(0)
+    mean = float(np.mean(d)) if n else 0.0
+    lags = int(math.floor(4.0 * (n / 100.0) ** (2.0 / 9.0))) if n else 0
+    window = [judged[0], judged[-1]] if judged else []
+    if n < min_steps:
+        return DifferenceTest(steps=n, window=window, mean_rel=mean, mean_t=None, slope_t=None, bandwidth=lags,
+                              limit=z, noise_like=False, why=(
+                                  f"{n} judged step(s), fewer than the {min_steps} the difference test needs: "
+                                  "class unknown, judged strictly"))
+    if not np.any(d):
+        return DifferenceTest(steps=n, window=window, mean_rel=0.0, mean_t=0.0, slope_t=0.0, bandwidth=lags,
+                              limit=z, noise_like=False, why=(
+                                  f"class unknown; the curves are identical over steps {window[0]}-{window[1]}: "
+                                  "nothing to infer, judged strictly"))
+    mean_t = _t(mean, newey_west_variance(d, lags) / n)
+    x = np.asarray(judged, dtype=np.float64)
+    x -= x.mean()
+    sxx = float(np.dot(x, x))
+    slope = float(np.dot(x, d - mean)) / sxx
+    resid = d - mean - slope * x
+    slope_t = _t(slope, n * newey_west_variance(x * resid, lags) / sxx ** 2)
+    noise_like = abs(mean_t) < z and abs(slope_t) < z
+    what = (f"difference test over steps {window[0]}-{window[1]} ({n} steps, Newey-West {lags} lag(s)): mean "
+            f"{mean:+.3%} (t {mean_t:+.2f}), drift t {slope_t:+.2f}, limit {z:g}")
+    why = (f"class unknown; the difference looks like zero-mean, non-drifting noise, as a layout change's "
+           f"reordered sums make ({what}): judged as a layout change" if noise_like else
+           f"class unknown; the difference is systematic ({what}): judged strictly")
+    return DifferenceTest(steps=n, window=window, mean_rel=mean, mean_t=mean_t, slope_t=slope_t, bandwidth=lags,
+                          limit=z, noise_like=noise_like, why=why)

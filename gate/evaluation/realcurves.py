@@ -45,7 +45,12 @@ CORPORA = {"megatron-lm": ("real_curves", "development"), "megatron-lm-2024": ("
            "torchtitan": ("real_curves_torchtitan", "held out")}
 EXPECTED = {"environment": True, "kernel": True, "layout": True, "objective": False}
 CUTS: dict[str, int | None] = {"20 steps": 20, "all steps": None}
-MODES = ("strict", "layout")
+# strict: change unknown, every step at replicate level; layout: layer 1 classes the change layout-only; infer:
+# change unknown, judged as layout if and only if the difference test finds zero-mean, non-drifting noise (what
+# `attune gate converge` does for a change of unknown class); bare: the same with the two curves alone, no envelope
+# runs and no arguments (precision assumed bf16): what an outside evaluator gets from `attune gate converge BASE
+# CAND --json` on two JSON curves.
+MODES = ("strict", "layout", "infer", "bare")
 
 
 class PairVerdict(BaseModel):
@@ -139,9 +144,10 @@ def _judge_row(corpus: str, pair: Pair, cut_name: str, last: int | None, mode: s
     base, cand = _cut(base0, last), _cut(cand0, last)
     common_last = min(max(base), max(cand))
     base, cand = _cut(base, common_last), _cut(cand, common_last)  # compare the steps both cover
-    reps = [(n, k, _cut(r, common_last)) for n, k, r in reps0]
-    cfg = config_for(precision, "log", change="layout" if mode == "layout" else "unknown")
-    g = judge(base, cand, replicates=reps, noise_config=cfg)
+    reps = [(n, k, _cut(r, common_last)) for n, k, r in reps0] if mode != "bare" else []
+    cfg = (config_for("bf16", "default") if mode == "bare"
+           else config_for(precision, "log", change="layout" if mode == "layout" else "unknown"))
+    g = judge(base, cand, replicates=reps, noise_config=cfg, infer=mode in ("infer", "bare"))
     ref, na = g.reference, g.noise_aware
     signed = [(cand[s] - base[s]) / abs(base[s]) for s in na.steps if base[s]]  # type: ignore[operator]
     rels = [abs(x) for x in signed]
@@ -167,11 +173,17 @@ def evaluate(corpora: list[str] | None = None) -> list[PairVerdict]:
     return rows
 
 
+def _product_mode(r: PairVerdict) -> str:
+    """The mode `attune gate converge` judges a pair in from its cases' arguments: layout where layer 1 classes
+    the change layout-only, strict where it refuses it (objective), inferred from the difference where the class
+    is unknown (no change layer 1 classes, or no arguments)."""
+    return {"layout": "layout", "objective": "strict"}.get(r.layer1_class or "unknown", "infer")
+
+
 def _rejected(rows: list[PairVerdict], same_objective: bool, mode: str | None = None, reference: bool = False) -> int:
     """How many of `rows` (same-objective or objective pairs, judged in `mode`; None: as layer 1 classes them)
     are rejected, by layer 2 or (reference=True) by the reference rule alone."""
-    sel = [r for r in rows if r.same_objective == same_objective
-           and r.mode == (mode or ("layout" if r.layer1_class == "layout" else "strict"))]
+    sel = [r for r in rows if r.same_objective == same_objective and r.mode == (mode or _product_mode(r))]
     return sum(not (r.reference if reference else r.gate) for r in sel)
 
 
@@ -197,22 +209,30 @@ def headline(rows: list[PairVerdict]) -> list[dict[str, Any]]:
                         "legit_rejected_layer1": _rejected(sel, True),
                         "objective_rejected_layer1": _rejected(sel, False),
                         "legit_layer1_layout": sum(r.same_objective and r.layer1_class == "layout"
-                                                   for r in layout_rows)})
+                                                   for r in layout_rows),
+                        "legit_rejected_unknown": _rejected(sel, True, "infer"),
+                        "objective_rejected_unknown": _rejected(sel, False, "infer"),
+                        "legit_rejected_bare": _rejected(sel, True, "bare"),
+                        "objective_rejected_bare": _rejected(sel, False, "bare")})
     return out
 
 
 def format_headline(rows: list[PairVerdict]) -> str:
     lines = ["| corpus | role | cut | same-objective rejected (layout mode) | same-objective rejected (strict) | "
              "objective rejected (layout mode) | objective rejected (strict) | objective rejected (reference rule) | "
-             "same-objective rejected (layer 1 classes; layout-classed) | objective rejected (layer 1 classes) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "same-objective rejected (layer 1 classes; layout-classed) | objective rejected (layer 1 classes) | "
+             "same-objective rejected (class unknown) | objective rejected (class unknown) | "
+             "same-objective rejected (two curves alone) | objective rejected (two curves alone) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for h in headline(rows):
         n, m = h["legit_pairs"], h["objective_pairs"]
         lines.append(f"| {h['corpus']} | {h['role']} | {h['cut']} | {h['legit_rejected']}/{n} | "
                      f"{h['legit_rejected_strict']}/{n} | {h['objective_rejected']}/{m} | "
                      f"{h['objective_rejected_strict']}/{m} | {h['objective_rejected_reference']}/{m} | "
                      f"{h['legit_rejected_layer1']}/{n} ({h['legit_layer1_layout']}) | "
-                     f"{h['objective_rejected_layer1']}/{m} |")
+                     f"{h['objective_rejected_layer1']}/{m} | {h['legit_rejected_unknown']}/{n} | "
+                     f"{h['objective_rejected_unknown']}/{m} | {h['legit_rejected_bare']}/{n} | "
+                     f"{h['objective_rejected_bare']}/{m} |")
     return "\n".join(lines)
 
 

@@ -239,11 +239,13 @@ def _change_class(args: argparse.Namespace, base: inputs.RunInput, cand: inputs.
         why = (f"the {' and '.join(missing)} carr{'y' if len(missing) > 1 else 'ies'} no arguments" if missing
                else "one run gives a recipe's --flags, the other resolved attributes")
         return {"change_class": "unknown", "change_source": "unknown", "mode": "unknown", "layer1": None,
-                "change_note": (f"change class unknown ({why}): judged strictly, every step at replicate level "
-                                f"(floor {noise.FLOOR_BY_PRECISION['bf16']:.2%} bf16). If layer 1 classes the change "
-                                "layout-only (attune gate check), --change layout judges drift and divergence after "
-                                f"the first 20% of the steps with the layout allowance "
-                                f"({noise.LAYOUT_FLOOR_BY_PRECISION['bf16']:.2%} bf16)")}
+                "change_note": (f"change class unknown ({why}): judged as a layout change (drift and divergence "
+                                f"after the first 20% of the steps, layout allowance "
+                                f"{noise.LAYOUT_FLOOR_BY_PRECISION['bf16']:.2%} bf16) if and only if the difference "
+                                "looks like zero-mean, non-drifting noise under the difference test, else strictly, "
+                                f"every step at replicate level (floor {noise.FLOOR_BY_PRECISION['bf16']:.2%} bf16); "
+                                "`difference` and the assumptions say which. --change layout or --change unknown "
+                                "sets the mode")}
     loaded = lists.load_list(args.list_path or args.model or "megatron", expected_sha256=args.list_sha256)
     if base.form == "resolved":
         r1 = config_check.check_resolved(loaded, base.args, cand.args, base.env, cand.env)
@@ -254,8 +256,9 @@ def _change_class(args: argparse.Namespace, base: inputs.RunInput, cand: inputs.
     note = {"layout": "layer 1 classes every change layout-only: judged for drift and divergence",
             "objective": "layer 1 refuses a change of what is trained: the curve check is the backstop, every step "
                          "at replicate level",
-            "unknown": ("layer 1 sees no change its list classes (none, or only unlisted ones): judged strictly, "
-                        "every step at replicate level")}[klass]
+            "unknown": ("layer 1 sees no change its list classes (none, or only unlisted ones): judged as a layout "
+                        "change if and only if the difference looks like zero-mean, non-drifting noise under the "
+                        "difference test, else strictly, every step at replicate level")}[klass]
     return {"change_class": klass, "change_source": "layer1", "mode": mode, "change_note": note,
             "layer1": {"model": r1.model, "list_sha256": r1.list_sha256, "mode": r1.mode, "passed": r1.passed,
                        "summary": r1.summary(),
@@ -277,8 +280,10 @@ def run_converge(args: argparse.Namespace) -> int:
     else:
         precision, source = noise.precision_from(None)
     ncfg = noise.config_for(precision, source, k_sigma=args.k_sigma, min_steps=args.min_steps, change=change["mode"])
+    # a change of unknown class (not given, and layer 1 neither vouches for it nor refuses it): the mode follows
+    # the difference test; a given class and layer 1's layout or objective class are kept as they are
     g = judge.judge(base, cand, replicates=runs, reference_config=convergence.ConvergenceConfig(min_steps=args.min_steps),
-                    noise_config=ncfg)
+                    noise_config=ncfg, infer=change["change_class"] == "unknown")
     result, na = g.reference, g.noise_aware
     if args.json:
         emit_json({**result.model_dump(mode="json"), "passed": g.passed, "summary": g.summary,
@@ -287,6 +292,7 @@ def run_converge(args: argparse.Namespace) -> int:
                    "assumptions": g.assumptions.model_dump() if g.assumptions else None,
                    "change_class": change["change_class"], "change_source": change["change_source"],
                    "change_note": change["change_note"], "layer1": change["layer1"],
+                   "difference": g.difference.model_dump() if g.difference else None,
                    "noise_aware": _noise_json(na), "excused": [e.model_dump() for e in g.excused],
                    "reference_common": g.reference_common.model_dump(mode="json") if g.reference_common else None,
                    "deviation": convergence.loss_deviation(base, cand),
@@ -295,6 +301,8 @@ def run_converge(args: argparse.Namespace) -> int:
         print(g.summary)
         print(f"assumed: {na.assumed()}")
         print(f"change: {change['change_class']} ({change['change_source']}): {change['change_note']}")
+        if g.difference is not None:
+            print(f"difference test: {g.difference.why}")
         _print_reference(g)
         _print_noise_aware(na)
     return EXIT_OK if g.passed else EXIT_FAILED
