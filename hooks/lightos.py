@@ -22,7 +22,7 @@ import posix
 import sys
 
 __all__ = ["O_APPEND", "O_CREAT", "O_WRONLY", "X_OK", "access", "close", "environ", "getcwd", "open", "path",
-           "scandir", "sep", "write"]
+           "realpath_below", "scandir", "sep", "write"]
 
 sep = "/"
 O_APPEND, O_CREAT, O_WRONLY = posix.O_APPEND, posix.O_CREAT, posix.O_WRONLY
@@ -111,6 +111,17 @@ class path:  # noqa: N801 - stands in for the os.path module
             p = getcwd() + "/" + p
         resolved, _ = _resolve("", p.split("/"), {}, 0)
         return resolved or "/"
+
+
+def realpath_below(base: str, rel: str) -> str:
+    """`path.realpath(path.join(base, rel))` for a `base` that is itself a realpath: only `rel`'s components
+    are resolved (walking from the root would find `base`'s own components unchanged). The policy builds
+    a dozen protected paths inside one campaign directory; resolving each from the root was most of its
+    start-up."""
+    if rel.startswith("/"):
+        return path.realpath(rel)
+    resolved, _ = _resolve("" if base == "/" else base, rel.split("/"), {}, 0)
+    return resolved or "/"
 
 
 def _resolve(base: str, parts: list[str], seen: dict[str, str | None], depth: int) -> tuple[str, bool]:

@@ -35,11 +35,13 @@ from attune.core.campaign_paths import (  # stdlib only, no imports of its own
 )
 from attune.core.containment import inside
 from hooks import lightos as os  # os without `import os` (see hooks/lightos.py)
-from hooks import runtime, shell
+from hooks import runtime
 
 TYPE_CHECKING = False  # no typing import at run time: hooks start on every tool call
 if TYPE_CHECKING:
     from typing import Any
+
+    from hooks import shell  # imported where a shell command is decided: other tools never need it
 
 SKILL_SCRIPTS = os.path.join("skills", "attune", "scripts")
 # PROTECTED_IN_CAMPAIGN (attune/core/campaign_paths.py): the campaign files no tool may write.
@@ -227,9 +229,10 @@ class Policy:
         def resolve(p: str) -> str:
             return os.path.realpath(os.path.join(campaign, os.path.expanduser(p)))
 
-        protected = [os.path.join(campaign, p) for p in PROTECTED_IN_CAMPAIGN]
+        # Every entry resolved once: `campaign` and `root` are real, so only the parts below them are walked.
+        protected = [os.realpath_below(campaign, p) for p in PROTECTED_IN_CAMPAIGN]
         protected.append(root)
-        protected.append(os.path.join(root, "gate", "lists"))
+        protected.append(os.realpath_below(root, "gate/lists"))
         for env in ("CLAUDE_PLUGIN_DATA", "CLAUDE_CONFIG_DIR"):
             if os.environ.get(env):
                 protected.append(os.path.realpath(os.environ[env]))
@@ -241,11 +244,11 @@ class Policy:
         if project:
             protected.append(os.path.realpath(os.path.join(project, ".claude")))
             protected.append(os.path.realpath(os.path.join(project, ".mcp.json")))
-        protected.extend(_ledger_keys_dirs())
-        protected = [os.path.realpath(p) for p in protected]
-        unreadable = [os.path.join(campaign, BROKER_DIR), *_ledger_keys_dirs()]
+        keys = _ledger_keys_dirs()  # resolved
+        protected.extend(keys)
+        unreadable = [os.realpath_below(campaign, BROKER_DIR), *keys]
         if os.environ.get("CLAUDE_PLUGIN_DATA"):
-            unreadable.append(os.environ["CLAUDE_PLUGIN_DATA"])
+            unreadable.append(os.path.realpath(os.environ["CLAUDE_PLUGIN_DATA"]))
         return cls(
             campaign=campaign,
             cwd=os.path.realpath(cwd or campaign),
@@ -255,7 +258,7 @@ class Policy:
             protected=protected,
             extra_commands=frozenset(extra.get("commands", [])),
             extra_tools=frozenset(extra.get("tools", [])),
-            unreadable=[os.path.realpath(p) for p in unreadable],
+            unreadable=unreadable,
         )
 
     # ------------------------------------------------------------------ paths
@@ -291,16 +294,23 @@ class Policy:
         real = self.real(path)
         if real == "/dev/null":
             return None
-        for p in (*self.protected, self.spec_list_file):
+        for p in self.protected:
             if p == self.plugin_root and inside(real, self.campaign):
                 continue  # a campaign inside the plugin's tree (examples/) keeps its notes writable
             if inside(real, p):
-                if inside(real, self.plugin_root):
-                    return f"{path} is part of the attune plugin (code, skill, correctness lists): never writable"
-                return f"{path} is protected (the ledger, campaign spec, policy, logs, runs and settings are never writable)"
+                return self._protected_problem(path, real)
+        # The spec's list last: a write the protected paths already refuse needs no campaign.yaml read.
+        spec_list = self.spec_list_file
+        if not (spec_list == self.plugin_root and inside(real, self.campaign)) and inside(real, spec_list):
+            return self._protected_problem(path, real)
         if any(inside(real, r) for r in self.write_roots):
             return None
         return f"{path} is outside the campaign's notes ({self.notes}): writes go only to the notes"
+
+    def _protected_problem(self, path: str, real: str) -> str:
+        if inside(real, self.plugin_root):
+            return f"{path} is part of the attune plugin (code, skill, correctness lists): never writable"
+        return f"{path} is protected (the ledger, campaign spec, policy, logs, runs and settings are never writable)"
 
     def read_problem(self, path: str, what: str = "reads") -> str | None:
         if self.readable(path):
@@ -322,7 +332,7 @@ class Policy:
         """Replace every pattern with the words bash would give it (raises globbing.Unsupported)."""
         if not any(w.glob for w in words):
             return words
-        from hooks import globbing  # only patterns need it
+        from hooks import globbing, shell  # only patterns need it
 
         out: list[shell.Word] = []
         for w in words:
@@ -362,6 +372,8 @@ class Policy:
         if not isinstance(command, str) or not command.strip():
             return deny("an empty or missing shell command", runtime.clip(command))
         subject = runtime.clip(command)
+        from hooks import shell
+
         try:
             stages = shell.pipeline(command)
         except shell.Refused as exc:

@@ -104,6 +104,10 @@ def test_lightos_realpath_and_paths_agree_with_os(tmp_path: Path, monkeypatch: p
     for c in cases:
         p = c if c.startswith(("/", ".", "rel")) else str(t / c)
         assert lightos.path.realpath(p) == os.path.realpath(p), c
+    # Below an already-real base (the policy's protected paths): the same answer as from the root.
+    for base in (str(t), str(t / "a"), "/"):
+        for rel in ("a/rel/f", "rel/../b/f", "up", "loop1/x", "chain1/f", "dangling/z", "../abs", "nope", "/etc/x"):
+            assert lightos.realpath_below(base, rel) == os.path.realpath(os.path.join(base, rel)), (base, rel)
     for p in ["/a/b", "a/b/", "/", "a", "", "//x", "/a//"]:
         assert lightos.path.dirname(p) == os.path.dirname(p) and lightos.path.basename(p) == os.path.basename(p), p
     for parts in [("a", "b"), ("a/", "b"), ("a", "/b", "c"), ("", "x"), ("/", "x")]:

@@ -3,7 +3,8 @@
 - Two infrastructure faults on one lever (its jobs stopped from outside with the Jobs API, as an operator or
   a preemption would) and the campaign's broker killed mid-search: `attune tune` retries each faulted
   candidate on the same node (the only one: the failure was not the node's), reconnects to a restarted
-  broker, and ships.
+  broker, and ships; it is also the suite's whole `attune tune` campaign on Ray (calibration, search, gate,
+  shipping, report: each run a Ray job with its job script).
 - A submission that times out although the head accepted it (a slow head: a proxy in front of the real
   Jobs API answers the submit late) ends with the job adopted by its submission id, tracked and charged,
   not an orphan.
@@ -106,7 +107,17 @@ def test_two_infra_faults_on_a_lever_and_a_killed_broker_then_the_campaign_ships
         assert retry.outcome == "ok" and retry.nodes == faulted.nodes, retry
     assert LEVER in (st.stop.get("levers_tested") or []), st.stop
     assert "reconnected" in res.stderr  # the tuner's client found the restarted broker
-    assert json.loads(res.stdout)["shipped"] == st.shipped["run_id"]
+    # A whole campaign on Ray (this test holds what a separate fault-free campaign proved, at half the launches):
+    # calibrated, every run a Ray job named for its campaign with its job script, the shipped recipe's job
+    # script and the report.
+    assert st.calibration is not None and len(st.calibration_values) == 5
+    ran = [r for r in st.runs.values() if r.outcome is not None]
+    assert ran and all(r.backend_id and r.backend_id.startswith(f"attune-{spec['name']}-") for r in ran)
+    assert all((d / "runs" / r.run_id / "job.ray.sh").is_file() for r in ran)
+    out = json.loads(res.stdout)
+    assert out["shipped"] == st.shipped["run_id"]
+    assert (d / "shipped" / "run.sh").is_file() and (d / "shipped" / "job.ray.sh").is_file()
+    assert Path(out["report_html"]).is_file()
 
 
 class _SlowSubmitProxy:
