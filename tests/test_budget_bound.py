@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from attune.control.plane import OVERRUN_FACTOR, LaunchRequest
+from attune.control.plane import OVERRUN_FACTOR, LaunchRequest, charge_bound
 from attune.core import ledger
+from attune.core.measure import gpu_hours
 from attune.readers.metrics.failure import SIGNATURES
 from broker.campaigns import CampaignHandle
 from tests._broker_helpers import make_campaign, search, wait_for
@@ -29,7 +30,8 @@ EVERY_SIGNATURE = " | ".join(p.decode() for _, _, p in SIGNATURES)
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = make_campaign(tmp_path_factory.mktemp("budget"), budget={
-        "gpu_hours": 0.01, "reserve_gpu_hours": 0.0001, "concurrency": 3, "infra_reserve_gpu_hours": 0.0})
+        "gpu_hours": 0.01, "reserve_gpu_hours": 0.0001, "concurrency": 3, "infra_reserve_gpu_hours": 0.0,
+        "overrun_grace_s": 0.0})  # the factor's arm alone: these runs last about a second
     calibrate(CampaignHandle(d))
     return d
 
@@ -142,3 +144,34 @@ def test_the_bound_waits_on_a_run_that_has_not_started(template: Path, tmp_path:
     out = h.launch(LaunchRequest.model_validate(search({"--fake-step-ms": 21}, lever="fine")))
     wait_for(lambda: h.state().runs[out["run_id"]].status == "finished", step=h.poll)
     assert h.state().runs[out["run_id"]].outcome == "ok"
+
+
+def test_a_short_run_slower_than_expected_stays_within_the_start_up_grace(tmp_path: Path) -> None:
+    """On runs of about a second, twice the expected cost is within start-up jitter: with the default
+    `budget.overrun_grace_s` a run three times slower than its expected cost finishes `ok`, and the bound
+    it ran under is its expected cost plus the grace (the budget's arm being larger)."""
+    d = make_campaign(tmp_path, budget={"gpu_hours": 1.0, "reserve_gpu_hours": 0.0001, "concurrency": 3})
+    h = CampaignHandle(d)
+    calibrate(h)
+    out = h.launch(LaunchRequest.model_validate(search({"--fake-step-ms": 80}, lever="slower")))
+    assert out["admitted"], out
+    settle(h, timeout_s=60)
+    s = h.state()
+    run = s.runs[out["run_id"]]
+    assert run.outcome == "ok", (run.outcome, run.reason)
+    assert run.charge_gpu_hours > OVERRUN_FACTOR * run.expected_gpu_hours  # the factor's arm alone would stop it
+    grace = gpu_hours(h.spec.cluster.gpus, h.spec.budget.overrun_grace_s)
+    bound = charge_bound(s, run, h.spec.budget.overrun_factor, grace)
+    assert bound is not None and bound[0] == pytest.approx(run.expected_gpu_hours + grace)
+    assert "grace" in bound[1]
+
+
+def test_the_grace_never_lifts_a_run_past_the_budget_arm(template: Path) -> None:
+    s = CampaignHandle(template).state()
+    run = next(r for r in s.runs.values() if r.expected_gpu_hours)
+    left = s.budget.remaining
+    assert left is not None
+    lo = charge_bound(s, run, 2.0, 0.0)
+    assert lo is not None and lo[0] == pytest.approx(2.0 * run.expected_gpu_hours)
+    huge = charge_bound(s, run, 2.0, 1e6)  # a grace far above what the budget has left
+    assert huge is not None and huge[0] < 1e6 and "share" in huge[1]

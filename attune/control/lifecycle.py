@@ -174,7 +174,8 @@ class Lifecycle:
         if started is None:
             return None
         spec = self.control.spec
-        bound = charge_bound(self.control.state(), run, spec.budget.overrun_factor)
+        bound = charge_bound(self.control.state(), run, spec.budget.overrun_factor,
+                             gpu_hours(spec.cluster.gpus, spec.budget.overrun_grace_s))
         if bound is None:
             return None
         now = event.now if event.now is not None else time.time()

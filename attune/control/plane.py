@@ -313,20 +313,31 @@ def job_own_text(job_doc: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 # The monitor's charge bound (`charge_bound`): a run is stopped, outcome `overrun`, once what it has used
-# reaches the lower of `budget.overrun_factor` (default OVERRUN_FACTOR) x its expected cost and its expected cost plus an equal share (among
-# the runs in flight) of what the budget has left for its kind. With every run bounded so, the runs in
-# flight together never take the campaign past its budget; the documented slack is what runs between two
-# monitor steps (one logged step on the sim backend, one poll interval elsewhere), per run in flight.
+# reaches the lower of two arms. The expected-cost arm: `budget.overrun_factor` (default OVERRUN_FACTOR) x its
+# expected cost, but never less than its expected cost plus `budget.overrun_grace_s` of the campaign's GPUs (a
+# job's start-up jitter, such as a scheduler's dispatch delay or a loaded node, does not scale with the
+# recipe: on runs of seconds, twice the expected cost is within that jitter). The budget arm: its expected
+# cost plus an equal share (among the runs in flight) of what the budget has left for its kind. With every
+# run bounded so, the runs in flight together never take the campaign past its budget; the documented slack
+# is what runs between two monitor steps (one logged step on the sim backend, one poll interval elsewhere),
+# per run in flight.
 OVERRUN_FACTOR = 2.0
 
 
-def charge_bound(state: CampaignState, run: RunState, factor: float = OVERRUN_FACTOR) -> tuple[float, str] | None:
+def charge_bound(state: CampaignState, run: RunState, factor: float = OVERRUN_FACTOR,
+                 grace_gpu_hours: float = 0.0) -> tuple[float, str] | None:
     """The most `run` may be charged before the monitor stops it, and why; None: no bound (no expected
-    cost was known at admission). `factor`: the campaign's `budget.overrun_factor`."""
+    cost was known at admission). `factor`: the campaign's `budget.overrun_factor`; `grace_gpu_hours`: its
+    `budget.overrun_grace_s` in GPU-hours of the campaign's GPUs, the least the expected-cost arm allows
+    above the expected cost."""
     expected = run.expected_gpu_hours
     if not expected or expected <= 0:
         return None
-    bounds = [(factor * expected, f"{factor:g} x its expected cost of {expected:.6g} GPU-h")]
+    if factor * expected >= expected + grace_gpu_hours:
+        bounds = [(factor * expected, f"{factor:g} x its expected cost of {expected:.6g} GPU-h")]
+    else:
+        bounds = [(expected + grace_gpu_hours, (f"its expected cost of {expected:.6g} GPU-h plus the start-up "
+                                                f"grace of {grace_gpu_hours:.6g} GPU-h"))]
     b = state.budget
     left = {RunKind.SEARCH: b.search_remaining, RunKind.CALIBRATION: b.remaining,
             RunKind.CHECK: b.check_left}.get(run.kind)  # type: ignore[call-overload]

@@ -266,6 +266,9 @@ class Budget(_Strict):
     overrun_factor: float = Field(2.0, ge=1.0, description=(
         "the monitor stops a run once it has used this many times its expected cost, or its expected cost "
         "plus its share of what the budget has left, whichever is lower (outcome overrun)"))
+    overrun_grace_s: NonNegFloat = Field(30.0, description=(
+        "the least wall-clock time, on the campaign's GPUs, that the overrun factor's arm allows a run above its "
+        "expected cost (start-up jitter does not scale with the recipe); the budget's arm still applies"))
 
     @model_validator(mode="after")
     def _reserve_fits(self) -> Budget:
