@@ -259,9 +259,14 @@ def _change_class(args: argparse.Namespace, base: inputs.RunInput, cand: inputs.
             "unknown": ("layer 1 sees no change its list classes (none, or only unlisted ones): judged as a layout "
                         "change if and only if the difference looks like zero-mean, non-drifting noise under the "
                         "difference test, else strictly, every step at replicate level")}[klass]
+    blocking = r1.blocking_refusals()
+    if blocking:
+        note += ("; it refuses it outright (" + ", ".join(f"{r.name} [{r.klass}]" for r in blocking) + "): the verdict "
+                 "is a reject whatever the curves show, and layer 2's own verdict is reported next to it")
     return {"change_class": klass, "change_source": "layer1", "mode": mode, "change_note": note,
+            "layer1_refusals": [f"layer 1: {r.name} [{r.klass}]: {r.reason}" for r in blocking],
             "layer1": {"model": r1.model, "list_sha256": r1.list_sha256, "mode": r1.mode, "passed": r1.passed,
-                       "summary": r1.summary(),
+                       "summary": r1.summary(), "refuses": bool(blocking),
                        "changes": [{"name": c.name, "class": c.klass, "allowed": c.allowed,
                                     "baseline": c.baseline, "candidate": c.candidate} for c in r1.changes]}}
 
@@ -282,12 +287,24 @@ def run_converge(args: argparse.Namespace) -> int:
     ncfg = noise.config_for(precision, source, k_sigma=args.k_sigma, min_steps=args.min_steps, change=change["mode"])
     # a change of unknown class (not given, and layer 1 neither vouches for it nor refuses it): the mode follows
     # the difference test; a given class and layer 1's layout or objective class are kept as they are
+    # a strict judgment of curves longer than the reference's 20-step check window also judges that window alone
     g = judge.judge(base, cand, replicates=runs, reference_config=convergence.ConvergenceConfig(min_steps=args.min_steps),
-                    noise_config=ncfg, infer=change["change_class"] == "unknown")
+                    noise_config=ncfg, infer=change["change_class"] == "unknown", check_window=True)
     result, na = g.reference, g.noise_aware
+    # objective changes are layer 1's job first: a change it knows changes what is trained, or one its list does not
+    # name, is refused outright when the runs carry their arguments; the curve check is the backstop, reported too
+    refused = change.get("layer1_refusals") or []
+    passed = g.passed and not refused
+    reasons = [*refused, *g.reasons]
+    summary = (("refused by layer 1: " + "; ".join(r.removeprefix("layer 1: ") for r in refused) + " | " + g.summary)
+               if refused else g.summary)
     if args.json:
-        emit_json({**result.model_dump(mode="json"), "passed": g.passed, "summary": g.summary,
-                   "reasons": g.reasons, "reference_passed": result.passed, "reference_summary": result.summary(),
+        emit_json({**result.model_dump(mode="json"), "passed": passed, "summary": summary,
+                   "reasons": reasons, "layer2_passed": g.passed, "layer2_summary": g.summary,
+                   "layer2_reasons": g.reasons,
+                   "check_window": g.check_window.model_dump(mode="json", include={"passed", "summary", "reasons"})
+                   if g.check_window else None,
+                   "reference_passed": result.passed, "reference_summary": result.summary(),
                    "reference_reasons": result.reasons, "precision": precision, "precision_source": source,
                    "assumptions": g.assumptions.model_dump() if g.assumptions else None,
                    "change_class": change["change_class"], "change_source": change["change_source"],
@@ -298,14 +315,16 @@ def run_converge(args: argparse.Namespace) -> int:
                    "deviation": convergence.loss_deviation(base, cand),
                    "baseline": str(args.baseline), "candidate": str(args.candidate)})
     else:
-        print(g.summary)
+        print(summary)
         print(f"assumed: {na.assumed()}")
         print(f"change: {change['change_class']} ({change['change_source']}): {change['change_note']}")
         if g.difference is not None:
             print(f"difference test: {g.difference.why}")
         _print_reference(g)
         _print_noise_aware(na)
-    return EXIT_OK if g.passed else EXIT_FAILED
+        if g.check_window is not None:
+            print(f"check window (first {judge.CHECK_WINDOW_STEPS} steps, judged on their own): {g.check_window.summary}")
+    return EXIT_OK if passed else EXIT_FAILED
 
 
 def _noise_json(na: noise.NoiseAwareResult) -> dict:
