@@ -204,3 +204,22 @@ def test_the_check_window_never_passes_a_broken_curve(bad):
         for change in ("unknown", "layout"):
             g = judge(base, cand, noise_config=config_for("bf16", change=change), check_window=True, infer=True)
             assert not g.passed, (bad, step, change)
+
+
+
+def test_a_layout_mode_inferred_from_the_difference_is_not_rejudged_on_the_check_window():
+    """Zero-mean scatter of 1.2% a step (4x the layout allowance) over 100 steps: the difference test finds noise and
+    the whole curve passes in layout mode. Its first 20 steps alone would not (a spurious drift of -4.2 units over 16
+    steps): the check window is not judged for a layout mode, given or inferred (docs/gate.md, round 5)."""
+    import numpy as np
+
+    base = _curve(100)
+    rel = np.random.default_rng(7).normal(0.0, 0.012, 100)
+    cand = {s: v * (1 + float(rel[s - 1])) for s, v in base.items()}
+    g = judge(base, cand, noise_config=config_for("bf16", "default"), infer=True, check_window=True)
+    assert g.difference is not None and g.difference.noise_like and g.assumptions.change == "layout"
+    assert g.passed and g.check_window is None
+    head = {s: v for s, v in cand.items() if s <= 20}
+    alone = judge({s: v for s, v in base.items() if s <= 20}, head, noise_config=config_for("bf16", "default"),
+                  infer=True)
+    assert not alone.passed  # what re-judging the window would have cost
