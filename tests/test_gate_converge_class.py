@@ -102,6 +102,10 @@ def test_an_objective_change_layer2_would_pass_is_refused_by_layer1(tmp_path: Pa
     assert doc["layer2_passed"] is True, err  # the curves alone: inside the envelope
     assert rc == 1 and doc["passed"] is False
     assert any("qk_layernorm" in r and "[numeric]" in r for r in doc["reasons"] if r.startswith("layer 1: "))
+    # --change layout does not override layer 1: the arguments still show an objective change
+    rc3, doc3, _ = _converge(b, c, "--change", "layout")
+    assert doc3["change_source"] == "given" and doc3["assumptions"]["change"] == "layout"
+    assert rc3 == 1 and not doc3["passed"] and doc3["layer1"]["refuses"] and doc3["reasons"][0].startswith("layer 1: ")
     # the same curves without their arguments: no class, the curve check decides (and passes)
     rc2, doc2, _ = _converge(_run_file(tmp_path, "b2", pair["baseline"], pair["env"], with_args=False),
                              _run_file(tmp_path, "c2", pair["candidate"], pair["env"], with_args=False))
