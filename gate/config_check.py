@@ -103,9 +103,19 @@ class ConfigCheckResult(BaseModel):
         unlisted ones or untested swaps: layer 1 cannot tell). Layer 2 judges 'objective' and 'unknown' alike, at replicate level."""
         if self.change_class() == "layout":
             return "layout"
-        def known(r: ConfigRefusal) -> bool:  # an untested same-math swap is not known to change the objective
-            return r.klass in ("numeric", "frozen", "defect") or (r.klass == "same_math" and "has not run" not in r.reason)
-        return "objective" if any(known(r) for r in self.refusals) else "unknown"
+        return "objective" if any(_known_objective(r) for r in self.refusals) else "unknown"
+
+    def blocking_refusals(self) -> list[ConfigRefusal]:
+        """The refusals that settle a verdict on their own, whatever the curves show: a change layer 1 knows changes
+        what is trained (numeric, frozen, a same-math swap outside its values or whose component test failed, a
+        known defect) or one its list does not name (unlisted: anything not listed is refused). An untested
+        same-math swap is not among them: it is not known to change the objective, and the curves judge it."""
+        return [r for r in self.refusals if _known_objective(r) or r.klass == "unlisted"]
+
+
+def _known_objective(r: ConfigRefusal) -> bool:
+    """Whether a refusal is of a change known to change the objective (an untested same-math swap is not)."""
+    return r.klass in ("numeric", "frozen", "defect") or (r.klass == "same_math" and "has not run" not in r.reason)
 
 
 # ----------------------------------------------------------------- recipe (flag form) -> attributes

@@ -76,6 +76,9 @@ class GateConvergence(BaseModel):
     assumptions: Assumptions | None = Field(None, description="precision, noise source, change class and window")
     difference: DifferenceTest | None = Field(None, description=(
         "the difference test, when the change class was unknown and the caller asked to infer the mode from it"))
+    check_window: GateConvergence | None = Field(None, description=(
+        "strict judgments of curves longer than the reference's check window: the same judgment of its first "
+        "CHECK_WINDOW_STEPS iterations alone (the whole verdict passes only if both pass)"))
 
 
 def _finite(v: object) -> bool:
@@ -172,15 +175,53 @@ def infer_change(baseline: Curve, candidate: Curve, cfg: NoiseConfig) -> tuple[N
     return cfg.model_copy(update={"change": "layout", "floor_rel": floor, "change_basis": test.why}), test
 
 
+# The reference rule is defined on a check run of 20 steps (shared/reference/convergence-check.md). A strict
+# judgment (change class unknown or objective: every step at replicate level) of longer curves judges the whole
+# curve AND its first CHECK_WINDOW_STEPS iterations alone, with the same inputs (`judge(..., check_window=True)`):
+# over a long window the level test averages an early offset away and the point-wise test's 10% allowance absorbs
+# it, so a candidate whose first 20 steps would fail the gate's own 20-step check could pass on 100. A layout
+# judgment (layer 1 vouches for the change, or the difference test finds noise) is not re-judged on the early
+# window: it deliberately does not judge early transients (docs/gate.md, "Layout-aware").
+CHECK_WINDOW_STEPS = 20
+
+
+def _head(curve: Curve, last: int) -> Curve:
+    return {k: v for k, v in curve.items() if int(k) <= last}
+
+
+def _check_window(baseline: Curve, candidate: Curve, replicates: Sequence[tuple[str, str, Curve]],
+                  reference_config: ConvergenceConfig | None, ncfg: NoiseConfig,
+                  candidate_runs: Sequence[tuple[str, Curve]], infer: bool) -> GateConvergence | None:
+    """The strict judgment of the first CHECK_WINDOW_STEPS iterations of both curves, when they go beyond them
+    and the window holds enough common steps to judge (None otherwise)."""
+    keys = {int(k) for k in baseline} & {int(k) for k in candidate}
+    # iteration 0 and 1 both start training (Megatron-LM counts from 1, other loggers and golden files from 0)
+    last = max(min(keys), 1) + CHECK_WINDOW_STEPS - 1 if keys else 0
+    if not keys or max(keys) <= last:
+        return None  # the curves are no longer than the check window: the whole judgment is the window's
+    base, cand = _head(baseline, last), _head(candidate, last)
+    common = {int(k) for k in base} & {int(k) for k in cand}
+    if len(common) < ncfg.min_steps:
+        return None  # too few logged steps in the window (a curve logged every 5 steps): the whole curve decides
+    reps = [(n, k, _head(r, last)) for n, k, r in replicates]
+    cruns = [(n, _head(r, last)) for n, r in candidate_runs]
+    return judge(base, cand, replicates=reps, reference_config=reference_config, noise_config=ncfg,
+                 candidate_runs=cruns, infer=infer)
+
+
 def judge(baseline: Curve, candidate: Curve, *, replicates: Sequence[tuple[str, str, Curve]] = (),
           envelope: NoiseEnvelope | None = None, reference_config: ConvergenceConfig | None = None,
           noise_config: NoiseConfig | None = None,
-          candidate_runs: Sequence[tuple[str, Curve]] = (), infer: bool = False) -> GateConvergence:
+          candidate_runs: Sequence[tuple[str, Curve]] = (), infer: bool = False,
+          check_window: bool = False) -> GateConvergence:
     """Both verdicts and the gate's combination. `replicates`: (name, kind, curve) runs of the baseline's objective;
     `candidate_runs`: (name, curve) runs of the candidate's recipe whose spread joins the noise model. `infer`: when
     the change class is unknown, judge it as a layout change if and only if the difference looks like noise
-    (`infer_change`); the verdict's assumptions say which and why. Data problems reject in either mode."""
-    ncfg = noise_config or NoiseConfig()
+    (`infer_change`); the verdict's assumptions say which and why. Data problems reject in either mode.
+    `check_window`: when the judgment is strict and the curves go beyond the reference's 20-step check window,
+    the first CHECK_WINDOW_STEPS iterations must pass on their own too (`check_window` in the verdict)."""
+    ncfg0 = noise_config or NoiseConfig()
+    ncfg = ncfg0
     test: DifferenceTest | None = None
     if infer:
         ncfg, test = infer_change(baseline, candidate, ncfg)
@@ -212,9 +253,18 @@ def judge(baseline: Curve, candidate: Curve, *, replicates: Sequence[tuple[str, 
         reasons += [f"reference: {r}" for r in used.reasons
                     if not (r.startswith("correlation") and "correlation" not in failing)]
     passed = na.passed and ref_ok
+    head = None
+    if check_window and envelope is None and ncfg.change != "layout":
+        head = _check_window(baseline, candidate, replicates, reference_config, ncfg0, candidate_runs, infer)
+    if head is not None and not head.passed:
+        w = head.noise_aware.steps or head.reference.steps
+        where = f"steps {w[0]}-{w[-1]}" if w else f"the first {CHECK_WINDOW_STEPS} steps"
+        reasons += [f"check window ({where}, the reference's first {CHECK_WINDOW_STEPS} steps, judged on their "
+                    f"own): {r}" for r in head.reasons]
+        passed = False
     return GateConvergence(passed=passed, summary=_summary(passed, na, ref, excused, reasons), reasons=reasons,
                            reference=ref, reference_common=common_ref, reference_counts=ref_ok, excused=excused,
-                           noise_aware=na, assumptions=na.assumptions, difference=test)
+                           noise_aware=na, assumptions=na.assumptions, difference=test, check_window=head)
 
 
 # A rejected verdict is *borderline* when the noise-aware check alone rejects it (layer 1 and the reference rule

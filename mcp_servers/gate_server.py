@@ -352,7 +352,9 @@ def check_convergence(
     if precision is not None and precision not in noise.FLOOR_BY_PRECISION:
         raise ToolError(f"precision: expected one of {sorted(noise.FLOOR_BY_PRECISION)}, got {precision!r}")
     precision, source = (precision, "given") if precision is not None else _log_precision(baseline)
-    g = judge.judge(base, cand, replicates=reps, noise_config=noise.config_for(precision, source, change=change))
+    # as `attune gate converge`: a strict judgment of a curve longer than 20 steps also judges its first 20 alone
+    g = judge.judge(base, cand, replicates=reps, noise_config=noise.config_for(precision, source, change=change),
+                    check_window=True)
     r, na = g.reference, g.noise_aware
     dev = convergence.loss_deviation(base, cand)
     c = r.checks

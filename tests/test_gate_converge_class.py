@@ -85,7 +85,44 @@ def test_objective_pairs_of_real_cases_are_classed_objective_and_judged_strictly
                              _run_file(tmp_path, "c", pair["candidate"], pair["env"]))
     assert doc["change_class"] == "objective" and doc["change_source"] == "layer1", err
     assert doc["assumptions"]["change"] == "unknown"  # layer 2 the backstop: every step at replicate level
-    assert not doc["layer1"]["passed"]
+    assert not doc["layer1"]["passed"] and doc["layer1"]["refuses"]
+    # objective changes are layer 1's job first: refused outright, with layer 1's reason first
+    assert rc == 1 and doc["passed"] is False and doc["reasons"][0].startswith("layer 1: ")
+    assert doc["summary"].startswith("refused by layer 1: ") and "layer2_passed" in doc
+
+
+def test_an_objective_change_layer2_would_pass_is_refused_by_layer1(tmp_path: Path) -> None:
+    """qk-layernorm against its baseline moves the curve by 0.04%: the curve check alone passes it; with the runs'
+    arguments, layer 1 refuses the change outright and the verdict says why."""
+    pair = CURVES["objective_pairs"][22]
+    assert "qk_layernorm" in pair["candidate"]
+    b = _run_file(tmp_path, "b", pair["baseline"], pair["env"])
+    c = _run_file(tmp_path, "c", pair["candidate"], pair["env"])
+    rc, doc, err = _converge(b, c)
+    assert doc["layer2_passed"] is True, err  # the curves alone: inside the envelope
+    assert rc == 1 and doc["passed"] is False
+    assert any("qk_layernorm" in r and "[numeric]" in r for r in doc["reasons"] if r.startswith("layer 1: "))
+    # --change layout does not override layer 1: the arguments still show an objective change
+    rc3, doc3, _ = _converge(b, c, "--change", "layout")
+    assert doc3["change_source"] == "given" and doc3["assumptions"]["change"] == "layout"
+    assert rc3 == 1 and not doc3["passed"] and doc3["layer1"]["refuses"] and doc3["reasons"][0].startswith("layer 1: ")
+    # the same curves without their arguments: no class, the curve check decides (and passes)
+    rc2, doc2, _ = _converge(_run_file(tmp_path, "b2", pair["baseline"], pair["env"], with_args=False),
+                             _run_file(tmp_path, "c2", pair["candidate"], pair["env"], with_args=False))
+    assert rc2 == 0 and doc2["passed"] and doc2["change_source"] == "unknown" and doc2["layer1"] is None
+
+
+def test_an_unlisted_change_is_refused_outright_an_untested_swap_is_left_to_the_curves(tmp_path: Path) -> None:
+    unlisted = CURVES["layout_pairs"][36]  # differs in the unlisted N_REPEATS variable (and layout arguments)
+    rc, doc, err = _converge(_run_file(tmp_path, "b", unlisted["baseline"], unlisted["env"]),
+                             _run_file(tmp_path, "c", unlisted["candidate"], unlisted["env"]))
+    assert doc["change_class"] == "unknown" and doc["layer1"]["refuses"], err
+    assert rc == 1 and any(r.startswith("layer 1: N_REPEATS [unlisted]") for r in doc["reasons"])
+    untested = CURVES["layout_pairs"][17]  # an untested same-math swap (NVTE_ALLOW_NONDETERMINISTIC_ALGO)
+    rc, doc, err = _converge(_run_file(tmp_path, "b3", untested["baseline"], untested["env"]),
+                             _run_file(tmp_path, "c3", untested["candidate"], untested["env"]))
+    assert not doc["layer1"]["passed"] and doc["layer1"]["refuses"] is False, err
+    assert not any(r.startswith("layer 1: ") for r in doc["reasons"]) and doc["passed"] == doc["layer2_passed"]
 
 
 def test_layer1_classes_every_development_pair() -> None:
@@ -112,3 +149,25 @@ def test_json_run_args_are_checked(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"loss": {"1": 2.0}, "extra": 1}))
     rc, _, err = _converge(str(bad), str(bad))
     assert rc == 2 and "unknown top-level field" in err
+
+
+def test_two_bare_curves_longer_than_the_check_window_are_judged_on_it_too(tmp_path: Path) -> None:
+    """Two JSON curves of 100 steps, +1.5% on the first 8: the whole curve alone would pass (8% of its steps);
+    the reference's 20-step check window, judged on its own, rejects it. NaN and a missing step still reject."""
+    base = {s: 8.0 * 0.99 ** s + 2.0 for s in range(1, 101)}
+    cand = {s: v * (1.015 if s <= 8 else 1.0) for s, v in base.items()}
+    b, c = tmp_path / "b.json", tmp_path / "c.json"
+    b.write_text(json.dumps({str(k): v for k, v in base.items()}))
+    c.write_text(json.dumps({str(k): v for k, v in cand.items()}))
+    rc, doc, err = _converge(str(b), str(c))
+    assert rc == 1 and not doc["passed"] and doc["check_window"]["passed"] is False, err
+    assert doc["noise_aware"]["passed"] and doc["reference_passed"]  # the whole curve's own verdicts pass
+    assert any(r.startswith("check window (steps 1-20") for r in doc["reasons"])
+    c.write_text(json.dumps({str(k): v for k, v in base.items()}))
+    rc, doc, err = _converge(str(b), str(c))
+    assert rc == 0 and doc["passed"] and doc["check_window"]["passed"] is True, err
+    for broken in ({**{str(k): v for k, v in base.items()}, "50": "nan"},
+                   {str(k): v for k, v in base.items() if k != 70}):
+        c.write_text(json.dumps(broken))
+        rc, doc, err = _converge(str(b), str(c))
+        assert rc == 1 and not doc["passed"], err

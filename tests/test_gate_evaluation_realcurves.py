@@ -141,9 +141,85 @@ def test_held_out_megatron_pairs_judged_as_layer1_classes_their_arguments():
     from their arguments; no corpus rejects more legitimate pairs than before issue 25, none catches fewer."""
     rows = realcurves.evaluate(["megatron-lm-2024"])
     head = {h["cut"]: h for h in realcurves.headline(rows)}
-    for cut, caught in (("20 steps", 17), ("all steps", 15)):
+    for cut in ("20 steps", "all steps"):
         h = head[cut]
-        assert h["legit_rejected_layer1"] == 0 and h["objective_rejected_layer1"] >= caught, h
+        # layer 1 refuses every objective pair outright (numeric or unlisted changes); no legitimate pair
+        assert h["legit_rejected_layer1"] == 0 and h["objective_rejected_layer1"] == h["objective_pairs"] == 34, h
         assert h["legit_layer1_layout"] >= 30  # most layout pairs are classed layout by layer 1
     assert {r.layer1_class for r in rows if not r.same_objective} == {"objective"}
     assert {r.layer1_class for r in rows if r.kind == "environment"} == {"unknown"}  # same recipe: no change
+    assert not any(r.layer1_refuses for r in rows if r.same_objective)
+    # the curve check alone (the backstop) on all steps, with the reference's check window judged too: 21 of 34
+    assert head["all steps"]["objective_rejected_strict"] >= 21 and head["all steps"]["legit_rejected_strict"] == 0
+
+
+def _early_offset(n: int = 100, first: int = 8, offset: float = 0.015) -> tuple[dict[int, float], dict[int, float]]:
+    base = _curve(n)
+    return base, {s: v * (1 + offset if s <= first else 1.0) for s, v in base.items()}
+
+
+def test_a_strict_judgment_of_a_long_curve_also_judges_the_reference_check_window():
+    """+1.5% on the first 8 of 100 steps: 8% of the steps, inside the whole curve's 10% point-wise allowance, and
+    averaged away by its level test; 40% of the reference's 20-step check window. Strict mode rejects it there."""
+    base, cand = _early_offset()
+    whole = judge(base, cand, noise_config=config_for("bf16"))
+    assert whole.passed and whole.check_window is None
+    g = judge(base, cand, noise_config=config_for("bf16"), check_window=True)
+    assert not g.passed and g.check_window is not None and not g.check_window.passed
+    assert g.check_window.noise_aware.steps == list(range(1, 21))
+    assert any(r.startswith("check window (steps 1-20") for r in g.reasons)
+    # a layout judgment deliberately ignores early transients: no window re-judgment
+    lay = judge(base, cand, noise_config=config_for("bf16", change="layout"), check_window=True)
+    assert lay.passed and lay.check_window is None
+    # the offset after step 20 only: the window passes, and the verdict is the whole curve's
+    late = {s: v * (1.015 if 40 <= s <= 47 else 1.0) for s, v in base.items()}
+    g2 = judge(base, late, noise_config=config_for("bf16"), check_window=True)
+    assert g2.check_window is not None and g2.check_window.passed and g2.passed == judge(
+        base, late, noise_config=config_for("bf16")).passed
+
+
+def test_the_check_window_needs_a_longer_curve_and_enough_logged_steps():
+    base, cand = _early_offset(20)
+    assert judge(base, cand, noise_config=config_for("bf16"), check_window=True).check_window is None
+    # counted from iteration 0 too (golden files that start at 0): steps 0-20
+    base0 = {s - 1: v for s, v in _early_offset()[0].items()}
+    cand0 = {s - 1: v for s, v in _early_offset()[1].items()}
+    g = judge(base0, cand0, noise_config=config_for("bf16"), check_window=True)
+    assert g.check_window is not None and g.check_window.noise_aware.steps[-1] == 20 and not g.passed
+    # logged every 10 steps: 3 steps in the window, fewer than min_steps: the whole curve decides
+    sparse_b = {s: v for s, v in base0.items() if s % 10 == 0}
+    sparse_c = {s: v for s, v in cand0.items() if s % 10 == 0}
+    assert judge(sparse_b, sparse_c, noise_config=config_for("bf16"), check_window=True).check_window is None
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), None, "drop"])
+def test_the_check_window_never_passes_a_broken_curve(bad):
+    base = _curve(100)
+    for step in (5, 60):
+        cand = dict(base)
+        if bad == "drop":
+            del cand[step]
+        else:
+            cand[step] = bad
+        for change in ("unknown", "layout"):
+            g = judge(base, cand, noise_config=config_for("bf16", change=change), check_window=True, infer=True)
+            assert not g.passed, (bad, step, change)
+
+
+
+def test_a_layout_mode_inferred_from_the_difference_is_not_rejudged_on_the_check_window():
+    """Zero-mean scatter of 1.2% a step (4x the layout allowance) over 100 steps: the difference test finds noise and
+    the whole curve passes in layout mode. Its first 20 steps alone would not (a spurious drift of -4.2 units over 16
+    steps): the check window is not judged for a layout mode, given or inferred (docs/gate.md, round 5)."""
+    import numpy as np
+
+    base = _curve(100)
+    rel = np.random.default_rng(7).normal(0.0, 0.012, 100)
+    cand = {s: v * (1 + float(rel[s - 1])) for s, v in base.items()}
+    g = judge(base, cand, noise_config=config_for("bf16", "default"), infer=True, check_window=True)
+    assert g.difference is not None and g.difference.noise_like and g.assumptions.change == "layout"
+    assert g.passed and g.check_window is None
+    head = {s: v for s, v in cand.items() if s <= 20}
+    alone = judge({s: v for s, v in base.items() if s <= 20}, head, noise_config=config_for("bf16", "default"),
+                  infer=True)
+    assert not alone.passed  # what re-judging the window would have cost

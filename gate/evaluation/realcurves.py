@@ -74,6 +74,7 @@ class PairVerdict(BaseModel):
     same_sign_share: float | None = None
     assumed: str
     layer1_class: str | None = None  # what layer 1 makes of the cases' arguments (None: the corpus has none)
+    layer1_refuses: bool = False  # layer 1 refuses the change outright (known objective change or unlisted)
 
 
 def load(path: Path = DATA) -> dict[str, Any]:
@@ -81,8 +82,9 @@ def load(path: Path = DATA) -> dict[str, Any]:
 
 
 Curve = dict[int, float | None]
-# (kind, baseline, candidate, baseline curve, candidate curve, envelope runs, precision, layer 1's class or None)
-Pair = tuple[str, str, str, Curve, Curve, list[tuple[str, str, Curve]], str, str | None]
+# (kind, baseline, candidate, baseline curve, candidate curve, envelope runs, precision, layer 1's class or None,
+#  whether layer 1 refuses the change outright)
+Pair = tuple[str, str, str, Curve, Curve, list[tuple[str, str, Curve]], str, str | None, bool]
 
 
 def _curve(doc: Mapping[str, Any], case: str, env: str) -> Curve:
@@ -105,15 +107,22 @@ def pairs(doc: Mapping[str, Any]) -> list[tuple[str, str, str, str, str]]:
     return out
 
 
-def layer1_class(doc: Mapping[str, Any], a: str, b: str) -> str:
+def layer1(doc: Mapping[str, Any], a: str, b: str) -> tuple[str, bool]:
     """What `attune gate converge` without --change does with these cases given as JSON runs (their arguments
-    and environment): layer 1 on the `megatron` list classes the change layout, objective or unknown."""
+    and environment): layer 1 on the `megatron` list classes the change layout, objective or unknown, and says
+    whether it refuses it outright (`ConfigCheckResult.blocking_refusals`: a known objective change or an
+    unlisted one), which makes the verdict a reject whatever the curves show."""
     from gate.config_check import check_recipe
     from gate.lists import load_list
 
     ca, cb = doc["cases"][a], doc["cases"][b]
-    return check_recipe(load_list("megatron"), ca["args"], cb["args"], ca.get("env_vars") or {},
-                        cb.get("env_vars") or {}).objective_class()
+    r = check_recipe(load_list("megatron"), ca["args"], cb["args"], ca.get("env_vars") or {}, cb.get("env_vars") or {})
+    return r.objective_class(), bool(r.blocking_refusals())
+
+
+def layer1_class(doc: Mapping[str, Any], a: str, b: str) -> str:
+    """Layer 1's class of the change between two cases (`layer1`)."""
+    return layer1(doc, a, b)[0]
 
 
 def _megatron_pairs(doc: Mapping[str, Any]) -> list[Pair]:
@@ -122,7 +131,7 @@ def _megatron_pairs(doc: Mapping[str, Any]) -> list[Pair]:
         reps = [(f"{a}@{e}", "environment", _curve(doc, a, e)) for e in sorted(doc["cases"][a]["curves"])
                 if e not in (ea, eb)]
         out.append((kind, a, b if ea == eb else f"{b}@{eb}", _curve(doc, a, ea), _curve(doc, b, eb), reps,
-                    precision_of(doc["cases"][a]["args"]), layer1_class(doc, a, b)))
+                    precision_of(doc["cases"][a]["args"]), *layer1(doc, a, b)))
     return out
 
 
@@ -131,7 +140,8 @@ def _torchtitan_pairs(doc: Mapping[str, Any]) -> list[Pair]:
         return {int(k): v for k, v in doc["cases"][key]["lm_loss"].items()}
     # the CI runs in deterministic mode and asserts bitwise-equal losses: replicates are identical
     return [(p["kind"], p["baseline"], p["candidate"], c(p["baseline"]), c(p["candidate"]),
-             [("replicate (deterministic CI)", "replicate", c(p["baseline"]))], "bf16", None) for p in doc["pairs"]]
+             [("replicate (deterministic CI)", "replicate", c(p["baseline"]))], "bf16", None, False)
+            for p in doc["pairs"]]
 
 
 def corpus_pairs(name: str) -> list[Pair]:
@@ -140,14 +150,14 @@ def corpus_pairs(name: str) -> list[Pair]:
 
 
 def _judge_row(corpus: str, pair: Pair, cut_name: str, last: int | None, mode: str) -> PairVerdict:
-    kind, a, b, base0, cand0, reps0, precision, klass = pair
+    kind, a, b, base0, cand0, reps0, precision, klass, refuses = pair
     base, cand = _cut(base0, last), _cut(cand0, last)
     common_last = min(max(base), max(cand))
     base, cand = _cut(base, common_last), _cut(cand, common_last)  # compare the steps both cover
     reps = [(n, k, _cut(r, common_last)) for n, k, r in reps0] if mode != "bare" else []
     cfg = (config_for("bf16", "default") if mode == "bare"
            else config_for(precision, "log", change="layout" if mode == "layout" else "unknown"))
-    g = judge(base, cand, replicates=reps, noise_config=cfg, infer=mode in ("infer", "bare"))
+    g = judge(base, cand, replicates=reps, noise_config=cfg, infer=mode in ("infer", "bare"), check_window=True)
     ref, na = g.reference, g.noise_aware
     signed = [(cand[s] - base[s]) / abs(base[s]) for s in na.steps if base[s]]  # type: ignore[operator]
     rels = [abs(x) for x in signed]
@@ -160,7 +170,7 @@ def _judge_row(corpus: str, pair: Pair, cut_name: str, last: int | None, mode: s
         gate=g.passed, max_rel_diff=max(rels) if rels else None,
         mean_rel_diff=float(np.mean(signed)) if signed else None,
         same_sign_share=max(pos, len(signed) - pos) / len(signed) if signed else None, assumed=na.assumed(),
-        layer1_class=klass)
+        layer1_class=klass, layer1_refuses=refuses)
 
 
 def evaluate(corpora: list[str] | None = None) -> list[PairVerdict]:
@@ -184,6 +194,8 @@ def _rejected(rows: list[PairVerdict], same_objective: bool, mode: str | None = 
     """How many of `rows` (same-objective or objective pairs, judged in `mode`; None: as layer 1 classes them)
     are rejected, by layer 2 or (reference=True) by the reference rule alone."""
     sel = [r for r in rows if r.same_objective == same_objective and r.mode == (mode or _product_mode(r))]
+    if mode is None and not reference:  # as `attune gate converge` judges them: layer 1's outright refusal counts
+        return sum(r.layer1_refuses or not r.gate for r in sel)
     return sum(not (r.reference if reference else r.gate) for r in sel)
 
 

@@ -228,17 +228,44 @@ def _print_noise_aware(na: noise.NoiseAwareResult) -> None:
         print(f"  note: {n}")
 
 
+def _layer1(args: argparse.Namespace, base: inputs.RunInput, cand: inputs.RunInput) -> dict[str, Any] | None:
+    """Layer 1 on the two runs' arguments when both carry them in the same form (None otherwise): its class of the
+    change, the refusals that reject outright (`blocking_refusals`), and its summary for the verdict."""
+    if base.args is None or cand.args is None or base.form != cand.form:
+        return None
+    loaded = lists.load_list(args.list_path or args.model or "megatron", expected_sha256=args.list_sha256)
+    if base.form == "resolved":
+        r1 = config_check.check_resolved(loaded, base.args, cand.args, base.env, cand.env)
+    else:
+        r1 = config_check.check_recipe(loaded, base.args, cand.args, base.env, cand.env)
+    blocking = r1.blocking_refusals()
+    return {"class": r1.objective_class(), "blocking": blocking,
+            "refusals": [f"layer 1: {r.name} [{r.klass}]: {r.reason}" for r in blocking],
+            "doc": {"model": r1.model, "list_sha256": r1.list_sha256, "mode": r1.mode, "passed": r1.passed,
+                    "summary": r1.summary(), "refuses": bool(blocking),
+                    "changes": [{"name": c.name, "class": c.klass, "allowed": c.allowed,
+                                 "baseline": c.baseline, "candidate": c.candidate} for c in r1.changes]}}
+
+
 def _change_class(args: argparse.Namespace, base: inputs.RunInput, cand: inputs.RunInput) -> dict[str, Any]:
     """The change's class and where it comes from: `--change` ('given'), layer 1 on the two runs' arguments
-    ('layer1'), or 'unknown' when neither says, with what `--change layout` would do."""
+    ('layer1'), or 'unknown' when neither says, with what `--change layout` would do. Layer 1 runs whenever both
+    runs carry arguments, `--change` or not: its outright refusals (`layer1_refusals`) reject in either case."""
+    l1 = _layer1(args, base, cand)
+    refusals = l1["refusals"] if l1 else []
+    outright = ("; layer 1 refuses it outright (" + ", ".join(f"{r.name} [{r.klass}]" for r in l1["blocking"])
+                + "): the verdict is a reject whatever the curves show, and layer 2's own verdict is reported next "
+                "to it") if l1 and l1["blocking"] else ""
     if args.change is not None:
         return {"change_class": args.change, "change_source": "given", "mode": args.change,
-                "change_note": f"--change {args.change} given", "layer1": None}
-    if base.args is None or cand.args is None or base.form != cand.form:
+                "change_note": f"--change {args.change} given" + outright, "layer1": l1["doc"] if l1 else None,
+                "layer1_refusals": refusals}
+    if l1 is None:
         missing = [n for n, r in (("baseline", base), ("candidate", cand)) if r.args is None]
         why = (f"the {' and '.join(missing)} carr{'y' if len(missing) > 1 else 'ies'} no arguments" if missing
                else "one run gives a recipe's --flags, the other resolved attributes")
         return {"change_class": "unknown", "change_source": "unknown", "mode": "unknown", "layer1": None,
+                "layer1_refusals": [],
                 "change_note": (f"change class unknown ({why}): judged as a layout change (drift and divergence "
                                 f"after the first 20% of the steps, layout allowance "
                                 f"{noise.LAYOUT_FLOOR_BY_PRECISION['bf16']:.2%} bf16) if and only if the difference "
@@ -246,12 +273,7 @@ def _change_class(args: argparse.Namespace, base: inputs.RunInput, cand: inputs.
                                 f"every step at replicate level (floor {noise.FLOOR_BY_PRECISION['bf16']:.2%} bf16); "
                                 "`difference` and the assumptions say which. --change layout or --change unknown "
                                 "sets the mode")}
-    loaded = lists.load_list(args.list_path or args.model or "megatron", expected_sha256=args.list_sha256)
-    if base.form == "resolved":
-        r1 = config_check.check_resolved(loaded, base.args, cand.args, base.env, cand.env)
-    else:
-        r1 = config_check.check_recipe(loaded, base.args, cand.args, base.env, cand.env)
-    klass = r1.objective_class()
+    klass = l1["class"]
     mode = "layout" if klass == "layout" else "unknown"
     note = {"layout": "layer 1 classes every change layout-only: judged for drift and divergence",
             "objective": "layer 1 refuses a change of what is trained: the curve check is the backstop, every step "
@@ -259,11 +281,8 @@ def _change_class(args: argparse.Namespace, base: inputs.RunInput, cand: inputs.
             "unknown": ("layer 1 sees no change its list classes (none, or only unlisted ones): judged as a layout "
                         "change if and only if the difference looks like zero-mean, non-drifting noise under the "
                         "difference test, else strictly, every step at replicate level")}[klass]
-    return {"change_class": klass, "change_source": "layer1", "mode": mode, "change_note": note,
-            "layer1": {"model": r1.model, "list_sha256": r1.list_sha256, "mode": r1.mode, "passed": r1.passed,
-                       "summary": r1.summary(),
-                       "changes": [{"name": c.name, "class": c.klass, "allowed": c.allowed,
-                                    "baseline": c.baseline, "candidate": c.candidate} for c in r1.changes]}}
+    return {"change_class": klass, "change_source": "layer1", "mode": mode, "change_note": note + outright,
+            "layer1_refusals": refusals, "layer1": l1["doc"]}
 
 
 def run_converge(args: argparse.Namespace) -> int:
@@ -282,12 +301,24 @@ def run_converge(args: argparse.Namespace) -> int:
     ncfg = noise.config_for(precision, source, k_sigma=args.k_sigma, min_steps=args.min_steps, change=change["mode"])
     # a change of unknown class (not given, and layer 1 neither vouches for it nor refuses it): the mode follows
     # the difference test; a given class and layer 1's layout or objective class are kept as they are
+    # a strict judgment of curves longer than the reference's 20-step check window also judges that window alone
     g = judge.judge(base, cand, replicates=runs, reference_config=convergence.ConvergenceConfig(min_steps=args.min_steps),
-                    noise_config=ncfg, infer=change["change_class"] == "unknown")
+                    noise_config=ncfg, infer=change["change_class"] == "unknown", check_window=True)
     result, na = g.reference, g.noise_aware
+    # objective changes are layer 1's job first: a change it knows changes what is trained, or one its list does not
+    # name, is refused outright when the runs carry their arguments; the curve check is the backstop, reported too
+    refused = change.get("layer1_refusals") or []
+    passed = g.passed and not refused
+    reasons = [*refused, *g.reasons]
+    summary = (("refused by layer 1: " + "; ".join(r.removeprefix("layer 1: ") for r in refused) + " | " + g.summary)
+               if refused else g.summary)
     if args.json:
-        emit_json({**result.model_dump(mode="json"), "passed": g.passed, "summary": g.summary,
-                   "reasons": g.reasons, "reference_passed": result.passed, "reference_summary": result.summary(),
+        emit_json({**result.model_dump(mode="json"), "passed": passed, "summary": summary,
+                   "reasons": reasons, "layer2_passed": g.passed, "layer2_summary": g.summary,
+                   "layer2_reasons": g.reasons,
+                   "check_window": g.check_window.model_dump(mode="json", include={"passed", "summary", "reasons"})
+                   if g.check_window else None,
+                   "reference_passed": result.passed, "reference_summary": result.summary(),
                    "reference_reasons": result.reasons, "precision": precision, "precision_source": source,
                    "assumptions": g.assumptions.model_dump() if g.assumptions else None,
                    "change_class": change["change_class"], "change_source": change["change_source"],
@@ -298,14 +329,16 @@ def run_converge(args: argparse.Namespace) -> int:
                    "deviation": convergence.loss_deviation(base, cand),
                    "baseline": str(args.baseline), "candidate": str(args.candidate)})
     else:
-        print(g.summary)
+        print(summary)
         print(f"assumed: {na.assumed()}")
         print(f"change: {change['change_class']} ({change['change_source']}): {change['change_note']}")
         if g.difference is not None:
             print(f"difference test: {g.difference.why}")
         _print_reference(g)
         _print_noise_aware(na)
-    return EXIT_OK if g.passed else EXIT_FAILED
+        if g.check_window is not None:
+            print(f"check window (first {judge.CHECK_WINDOW_STEPS} steps, judged on their own): {g.check_window.summary}")
+    return EXIT_OK if passed else EXIT_FAILED
 
 
 def _noise_json(na: noise.NoiseAwareResult) -> dict:
