@@ -288,3 +288,28 @@ def test_heuristic_pays_for_an_out_of_memory_move_with_more_sharding() -> None:
                if (t := sharded_objective(dict(zip(space, combo, strict=True)))[1]) is not None)
     assert cp.leader == pytest.approx(best)
     assert cp.stop is not None and len(cp.launched) <= 16
+
+
+@pytest.mark.parametrize("retry_share, pays", [(0.78, False), (0.9, True)])
+def test_heuristic_pays_for_memory_only_when_the_recomputation_it_saves_can_win(retry_share: float, pays: bool) -> None:
+    """A move that ran out of memory under selective recomputation, retried with full recomputation: paying
+    for it with sharding instead keeps selective recomputation, so it can gain at most the difference of the
+    two recomputations' shares of the compute (the diagnosis' constants). A retry a fifth of the step
+    slower than the leader cannot be rescued that way: no coupled move is launched; a retry a tenth slower
+    can, and the coupled moves are launched."""
+    space = {TP_: [1, 2, 4], PP_: [1, 2, 4], RG_: ["selective", "full"]}
+    t = HeuristicTuner(space, {TP_: 4, PP_: 1, RG_: "selective"})
+    first = t.ask()
+    assert first is not None and first.changes == {TP_: 2}
+    t.tell(first, Outcome(run_id="r1", outcome="oom"))
+    retry = t.ask()
+    assert retry is not None and retry.changes.get(RG_) == "full" and retry.changes.get(TP_) == 2
+    t.tell(retry, Outcome(run_id="r2", outcome="ok", tokens_per_s_per_gpu=1000.0 * retry_share, valid=True,
+                          extra={"leader_tps": 1000.0}))
+    asked = []
+    while (c := t.ask()) is not None and len(asked) < 30:
+        asked.append({**{TP_: 4, PP_: 1, RG_: "selective"}, **c.changes})
+        t.tell(c, Outcome(run_id=f"r{len(asked) + 2}", outcome="ok", tokens_per_s_per_gpu=900.0, valid=True,
+                          extra={"leader_tps": 1000.0}))
+    paid = [f for f in asked if f[TP_] == 2 and f[RG_] == "selective" and f[PP_] > 1]
+    assert bool(paid) is pays, asked

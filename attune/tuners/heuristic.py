@@ -23,6 +23,7 @@ from typing import Any
 from attune.core.recipe import DEGREE_FLAG_NAMES, Recipe
 from attune.core.vocab import RunOutcome
 from attune.tuners.base import ArgValue, Candidate, Outcome, Tuner, recipe_key
+from attune.tuners.diagnosis import RECOMPUTE_SHARE_OF_COMPUTE
 
 MEMORY_SAVERS: dict[str, ArgValue] = {"--recompute-granularity": "full", "--recompute-activations": True}
 # The placement degrees: a layout is where ranks hold which shard. Virtual stages are the pipeline's
@@ -35,9 +36,18 @@ FULL_RECOMPUTE: dict[str, ArgValue] = {"--recompute-granularity": "full", "--rec
 NOT_THE_RECIPES = frozenset({RunOutcome.INFRASTRUCTURE, RunOutcome.CANCELLED})
 # Coupled moves queued to pay for one out-of-memory move with more sharding (`_pay_for_memory`).
 PAYERS = 2
-# Full recomputation repeats each layer's forward pass: about a third of a step's compute (forward 1,
-# backward 2), so dropping it speeds a step up by at most 1 / (1 - 1/3).
-FULL_RECOMPUTE_MAX_SPEEDUP = 1.5
+# Full recomputation repeats each layer's forward pass: forward 1, backward 2, recompute 1, a quarter of
+# the compute with it (`attune.tuners.diagnosis.RECOMPUTE_SHARE_OF_COMPUTE`, which also gives selective
+# recomputation's share). Going back from full to a lighter recomputation removes at most the difference of
+# the two shares from the step, so it speeds the step up by at most 1 / (1 - difference).
+FULL_RECOMPUTE_MAX_SPEEDUP = 1.0 / (1.0 - RECOMPUTE_SHARE_OF_COMPUTE["full"])
+
+
+def recompute_max_speedup(granularity: ArgValue) -> float:
+    """The most a step can gain going from full recomputation back to `granularity` (None: none)."""
+    lighter = 0.0 if granularity in (None, False) else RECOMPUTE_SHARE_OF_COMPUTE.get(str(granularity), 0.0)
+    saved = RECOMPUTE_SHARE_OF_COMPUTE["full"] - lighter
+    return 1.0 / (1.0 - saved) if 0.0 < saved < 1.0 else 1.0
 Coupler = Callable[[dict[str, ArgValue], str, ArgValue], "dict[str, ArgValue] | None"]
 # The framework's argument rules over a recipe's full flags (`attune.knowledge.coherence.cohere`):
 # (the candidate's flags, the flags it moved from) -> the coherent flags.
@@ -348,7 +358,8 @@ class HeuristicTuner(Tuner):
                 return
             if self._pay_for_memory(candidate.changes, tok, lever):
                 return
-        elif tok.get("retried") and not tok.get("paid") and "oom_changes" in tok and self._may_pay(outcome):
+        elif tok.get("retried") and not tok.get("paid") and "oom_changes" in tok and self._may_pay(
+                outcome, self._full(tok["oom_changes"]).get("--recompute-granularity")):
             # Rule 5's retry did not lead: the memory the move lacked may be paid for by sharding instead.
             self._pay_for_memory(tok["oom_changes"], tok, lever)
         # Outcomes arrive out of order when runs overlap: a late outcome of another lever counts against
@@ -407,15 +418,17 @@ class HeuristicTuner(Tuner):
         return False
 
     @staticmethod
-    def _may_pay(retry: Outcome) -> bool:
+    def _may_pay(retry: Outcome, granularity: ArgValue = None) -> bool:
         """Whether paying for the memory with sharding can beat the leader, by the retry's measurement: the
-        paid move saves at most the full recomputation the retry added (`FULL_RECOMPUTE_MAX_SPEEDUP`) and
-        the degree that pays costs something, so a retry slower than the leader by more than that cannot
-        be rescued. A retry without a measurement (out of memory again) says nothing: pay."""
+        paid move keeps the out-of-memory move's recomputation (`granularity`), so it saves at most the
+        difference between full recomputation, which the retry added, and that one
+        (`recompute_max_speedup`), and the degree that pays costs something; a retry slower than the leader
+        by more than that cannot be rescued. A retry without a measurement (out of memory again) says
+        nothing: pay."""
         tps, leader = retry.tokens_per_s_per_gpu, retry.extra.get("leader_tps")
         if tps is None or not isinstance(leader, (int, float)) or leader <= 0:
             return True
-        return tps * FULL_RECOMPUTE_MAX_SPEEDUP > leader
+        return tps * recompute_max_speedup(granularity) > leader
 
     def _pay_for_memory(self, oom: dict[str, ArgValue], tok: dict[str, Any], lever: str) -> bool:
         """A coupled move, first-class: a move that ran out of memory (less recomputation, a narrower TP or EP)
