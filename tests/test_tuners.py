@@ -352,23 +352,27 @@ def test_heuristic_measures_a_move_the_anchored_estimate_rules_out_of_memory_wit
 
 
 def test_heuristic_skips_values_beyond_one_that_ran_out_of_memory_with_every_saving() -> None:
-    """A value that ran out of memory with full recomputation already on: the values beyond it (fewer
-    expert shards) need more memory still by the estimate, so they are not launched; the lever is left
-    with the values measured."""
-    space = {EP_: [1, 2, 4, 8], RG_: ["selective", "full"]}
-    base = {EP_: 8, RG_: "full"}
+    """A value that ran out of memory with full recomputation already on (a coupled move with a deeper
+    pipeline is queued to pay for it): the values beyond it (fewer expert shards) need more memory still by
+    the estimate, and the lever has its two measured values (rule 4), so they are not launched."""
+    space = {EP_: [1, 2, 4, 8, 16], PP_: [1, 2], RG_: ["selective", "full"]}
+    base = {EP_: 8, PP_: 1, RG_: "full"}
+
+    def peak(full: dict[str, Any]) -> float:
+        return _peak(full) / (full.get(PP_) or 1)
 
     def objective(full: dict[str, Any]) -> tuple[str, float | None]:
-        if _peak(full) > 8.0:
+        if peak(full) > 8.0:
             return "oom", None
-        return "ok", 1000.0 * (0.9 if full[RG_] == "full" else 1.0)
+        return "ok", 1000.0 * {16: 0.95, 8: 1.0, 4: 1.0, 2: 1.0, 1: 1.0}[full[EP_]] * (0.9 if full[PP_] == 2 else 1.0)
 
     cp = SyntheticControlPlane()
     cp.objective, cp.baseline = objective, dict(base)
-    drive(HeuristicTuner(space, base, peak=_peak), cp)
-    eps = [({**base, **c})[EP_] for c in cp.launched]
-    assert 4 in eps and 2 not in eps and 1 not in eps, cp.launched
-    assert cp.stop is not None
+    drive(HeuristicTuner(space, base, peak=peak), cp)
+    full = [{**base, **c} for c in cp.launched]
+    assert {**base, EP_: 16} in full and {**base, EP_: 4} in full, full
+    assert {**base, EP_: 2} not in full and {**base, EP_: 1} not in full, full
+    assert {**base, EP_: 4, PP_: 2} in full and cp.stop is not None, full  # the coupled move paid for it
 
 
 def test_heuristic_does_not_probe_again_a_value_that_lost_clearly_on_an_earlier_layout() -> None:

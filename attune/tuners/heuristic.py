@@ -163,6 +163,8 @@ class HeuristicTuner(Tuner):
         # lever -> {value: the layout it lost clearly on}: below the early abort's clear-loss line (a quarter
         # under the leader, many times any band), a lesson kept across layouts (`_lost_clearly`).
         self.clear_losses: dict[str, dict[str, str]] = {}
+        # lever -> the values other than the baseline's its launched runs gave it (rule 4 asks for two)
+        self.values_run: dict[str, set[str]] = {}
         self.tried.add(self.key({}))
         self._lever_iter: deque[str] = deque()
         self._start_pass()
@@ -432,8 +434,9 @@ class HeuristicTuner(Tuner):
         """The current lever's next value worth a launch (None: its queue is through)."""
         while self.queue:
             lever, value = self.queue.popleft()
-            if self._beyond_oom(lever, value) or self._lost_clearly(lever, value):
-                continue
+            if len(self.values_run.get(lever, ())) >= 2 and (
+                    self._beyond_oom(lever, value) or self._lost_clearly(lever, value)):
+                continue  # skipped only where rule 4's two values are measured already
             cand = self._candidate(lever, value, "rule 4: two values before ruling out")
             if cand is not None:
                 return self._memory_first(cand)
@@ -500,6 +503,9 @@ class HeuristicTuner(Tuner):
             self.measured.append(lever)
         full = self._full(candidate.changes)
         self._anchor(full, outcome.outcome)
+        for flag in self.space:
+            if str(full.get(flag)) != str(self.baseline.get(flag)):
+                self.values_run.setdefault(flag, set()).add(str(full.get(flag)))
         for flag in DEGREE_FLAG_NAMES & set(self.space):
             self.moved.setdefault(flag, set()).add(1 if full.get(flag) is None else full.get(flag))
 
