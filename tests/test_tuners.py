@@ -392,3 +392,22 @@ def test_heuristic_does_not_probe_again_a_value_that_lost_clearly_on_an_earlier_
     assert {TP_: 4, PP_: 1} in full and {TP_: 1, PP_: 2} in full, full  # probed again from the new layout ...
     assert {TP_: 4, PP_: 2} not in full, full  # ... save the value that lost clearly
     assert cp.leader == pytest.approx(1200.0) and cp.stop is not None
+
+
+def test_heuristic_does_not_probe_past_two_clear_losses_that_worsen() -> None:
+    """Two values of a lever in one direction lost clearly, the farther one more: after a pipeline win moves
+    the layout, the values past them in that direction are not launched (the measured trend), and the two
+    are not probed again either."""
+    space = {TP_: [1, 2, 4, 8, 16], PP_: [1, 2]}
+    base = {TP_: 1, PP_: 1}
+
+    def objective(full: dict[str, Any]) -> tuple[str, float | None]:
+        return "ok", 1000.0 * {1: 1.0, 2: 0.7, 4: 0.5, 8: 0.4, 16: 0.3}[full[TP_]] * {1: 1.0, 2: 1.2}[full[PP_]]
+
+    cp = SyntheticControlPlane()
+    cp.objective, cp.baseline = objective, dict(base)
+    drive(HeuristicTuner(space, base), cp)
+    full = [{**base, **c} for c in cp.launched]
+    assert {TP_: 2, PP_: 1} in full and {TP_: 4, PP_: 1} in full and {TP_: 1, PP_: 2} in full, full
+    assert not [f for f in full if f[TP_] > 1 and f[PP_] == 2], full
+    assert cp.leader == pytest.approx(1200.0) and cp.stop is not None

@@ -17,7 +17,8 @@ a move the anchored estimate says does not fit is measured with full recomputati
 before its out-of-memory run, `_memory_first`), the move as it is only where that measurement leaves it room
 to win; values beyond one that ran out of memory with every saving, which the estimate says need more
 memory still, are not launched (`_beyond_oom`); and a value that lost clearly (below the early abort's
-clear-loss line) is not probed again from a new layout (`_lost_clearly`).
+clear-loss line) is not probed again from a new layout, nor a value past two clear losses in one direction
+the farther of which lost more (`_lost_clearly`).
 
 Levers are taken in the order of `priority` (the catalog's expected-gain order), else in the
 order the campaign declares them.
@@ -163,6 +164,8 @@ class HeuristicTuner(Tuner):
         # lever -> {value: the layout it lost clearly on}: below the early abort's clear-loss line (a quarter
         # under the leader, many times any band), a lesson kept across layouts (`_lost_clearly`).
         self.clear_losses: dict[str, dict[str, str]] = {}
+        # lever -> [(value, its throughput over the leader's)] of those clear losses, for the trend
+        self.clear_loss_trend: dict[str, list[tuple[ArgValue, float]]] = {}
         # lever -> the values other than the baseline's its launched runs gave it (rule 4 asks for two)
         self.values_run: dict[str, set[str]] = {}
         self.tried.add(self.key({}))
@@ -313,7 +316,19 @@ class HeuristicTuner(Tuner):
         """A value of the lever that lost clearly on an earlier layout (`clear_losses`) is not probed again
         from a new one: the leader it would have to beat is faster still."""
         where = self.clear_losses.get(lever, {}).get(str(value))
-        return where is not None and where != self._layout()
+        return (where is not None and where != self._layout()) or self._past_a_worsening_loss(lever, value)
+
+    def _past_a_worsening_loss(self, lever: str, value: ArgValue) -> bool:
+        """A value beyond two clear losses of the lever in the same direction from the leader's value, the
+        farther of which lost more: the measured trend says it loses more still."""
+        cur = self._value(lever)
+        values = list(self.space[lever])
+        if cur not in values or value not in values:
+            return False
+        on_the_way = [(abs(values.index(v) - values.index(cur)), r) for v, r in self.clear_loss_trend.get(lever, [])
+                      if v in values and v != cur and self._beyond(lever, value, v, cur)]
+        on_the_way.sort()
+        return len(on_the_way) >= 2 and on_the_way[-1][1] < on_the_way[-2][1] and on_the_way[-1][0] > on_the_way[-2][0]
 
     def _note_clear_loss(self, tok: dict[str, Any], outcome: Outcome, lever: str) -> None:
         tps, leader = outcome.tokens_per_s_per_gpu, outcome.extra.get("leader_tps")
@@ -323,6 +338,7 @@ class HeuristicTuner(Tuner):
             return  # a retry or a coupled move is not the lever's value as it is
         if tps < PRUNER.clear_fraction * leader:
             self.clear_losses.setdefault(lever, {}).setdefault(str(tok["value"]), self._layout())
+            self.clear_loss_trend.setdefault(lever, []).append((tok["value"], tps / leader))
 
     def _anchor(self, full: dict[str, ArgValue], outcome: str) -> None:
         """A measured outcome anchors the memory estimate (`_fit`): it ran, or it ran out of memory."""
