@@ -288,3 +288,126 @@ def test_heuristic_pays_for_an_out_of_memory_move_with_more_sharding() -> None:
                if (t := sharded_objective(dict(zip(space, combo, strict=True)))[1]) is not None)
     assert cp.leader == pytest.approx(best)
     assert cp.stop is not None and len(cp.launched) <= 16
+
+
+@pytest.mark.parametrize("retry_share, pays", [(0.78, False), (0.9, True)])
+def test_heuristic_pays_for_memory_only_when_the_recomputation_it_saves_can_win(retry_share: float, pays: bool) -> None:
+    """A move that ran out of memory under selective recomputation, retried with full recomputation: paying
+    for it with sharding instead keeps selective recomputation, so it can gain at most the difference of the
+    two recomputations' shares of the compute (the diagnosis' constants). A retry a fifth of the step
+    slower than the leader cannot be rescued that way: no coupled move is launched; a retry a tenth slower
+    can, and the coupled moves are launched."""
+    space = {TP_: [1, 2, 4], PP_: [1, 2, 4], RG_: ["selective", "full"]}
+    t = HeuristicTuner(space, {TP_: 4, PP_: 1, RG_: "selective"})
+    first = t.ask()
+    assert first is not None and first.changes == {TP_: 2}
+    t.tell(first, Outcome(run_id="r1", outcome="oom"))
+    retry = t.ask()
+    assert retry is not None and retry.changes.get(RG_) == "full" and retry.changes.get(TP_) == 2
+    t.tell(retry, Outcome(run_id="r2", outcome="ok", tokens_per_s_per_gpu=1000.0 * retry_share, valid=True,
+                          extra={"leader_tps": 1000.0}))
+    asked = []
+    while (c := t.ask()) is not None and len(asked) < 30:
+        asked.append({**{TP_: 4, PP_: 1, RG_: "selective"}, **c.changes})
+        t.tell(c, Outcome(run_id=f"r{len(asked) + 2}", outcome="ok", tokens_per_s_per_gpu=900.0, valid=True,
+                          extra={"leader_tps": 1000.0}))
+    paid = [f for f in asked if f[TP_] == 2 and f[RG_] == "selective" and f[PP_] > 1]
+    assert bool(paid) is pays, asked
+
+
+EP_ = "--expert-model-parallel-size"
+
+
+def _peak(full: dict[str, Any]) -> float:
+    """A memory estimate for the tests below: weights and activations sharded by TP and EP, halved by full
+    recomputation (its figure is relative: the tests' cluster draws the line elsewhere)."""
+    return 100.0 / (full.get(TP_) or 1) / (full.get(EP_) or 1) * (0.4 if full.get(RG_) == "full" else 1.0)
+
+
+@pytest.mark.parametrize("gpu_memory, plain_follows", [(35.0, False), (45.0, True)])
+def test_heuristic_measures_a_move_the_anchored_estimate_rules_out_of_memory_with_its_savings_first(
+        gpu_memory: float, plain_follows: bool) -> None:
+    """Memory first: once a run has run out of memory, the estimate is anchored by it and by the baseline
+    (which ran): a later move whose estimated peak lies nearer the one that ran out of memory is measured with
+    full recomputation added back first (rule 5's retry before, not after, its out-of-memory run). The move
+    as it is follows only where that retry ran, did not lead, and left it room to beat the leader (here TP1
+    with full recomputation is 2.5% below the leader, within what the recomputation costs); a retry that ran
+    out of memory says the move (which saves less) would too, and it is not launched."""
+    space = {TP_: [1, 2, 4], RG_: ["selective", "full"]}
+    base = {TP_: 4, RG_: "selective"}
+
+    def objective(full: dict[str, Any]) -> tuple[str, float | None]:
+        if _peak(full) > gpu_memory:
+            return "oom", None
+        return "ok", 1000.0 * {4: 1.0, 2: 1.1, 1: 1.3}[full[TP_]] * (0.75 if full[RG_] == "full" else 1.0)
+
+    cp = SyntheticControlPlane()
+    cp.objective, cp.baseline = objective, dict(base)
+    drive(HeuristicTuner(space, base, peak=_peak), cp)
+    full = [{**base, **c} for c in cp.launched]
+    assert full[0] == {TP_: 2, RG_: "selective"} and objective(full[0])[0] == "oom", full  # the anchor
+    tp1 = [f for f in full if f[TP_] == 1]
+    assert tp1 and tp1[0][RG_] == "full", full  # memory first
+    assert ({TP_: 1, RG_: "selective"} in tp1) is plain_follows, full
+
+
+def test_heuristic_skips_values_beyond_one_that_ran_out_of_memory_with_every_saving() -> None:
+    """A value that ran out of memory with full recomputation already on (a coupled move with a deeper
+    pipeline is queued to pay for it): the values beyond it (fewer expert shards) need more memory still by
+    the estimate, and the lever has its two measured values (rule 4), so they are not launched."""
+    space = {EP_: [1, 2, 4, 8, 16], PP_: [1, 2], RG_: ["selective", "full"]}
+    base = {EP_: 8, PP_: 1, RG_: "full"}
+
+    def peak(full: dict[str, Any]) -> float:
+        return _peak(full) / (full.get(PP_) or 1)
+
+    def objective(full: dict[str, Any]) -> tuple[str, float | None]:
+        if peak(full) > 8.0:
+            return "oom", None
+        return "ok", 1000.0 * {16: 0.95, 8: 1.0, 4: 1.0, 2: 1.0, 1: 1.0}[full[EP_]] * (0.9 if full[PP_] == 2 else 1.0)
+
+    cp = SyntheticControlPlane()
+    cp.objective, cp.baseline = objective, dict(base)
+    drive(HeuristicTuner(space, base, peak=peak), cp)
+    full = [{**base, **c} for c in cp.launched]
+    assert {**base, EP_: 16} in full and {**base, EP_: 4} in full, full
+    assert {**base, EP_: 2} not in full and {**base, EP_: 1} not in full, full
+    assert {**base, EP_: 4, PP_: 2} in full and cp.stop is not None, full  # the coupled move paid for it
+
+
+def test_heuristic_does_not_probe_again_a_value_that_lost_clearly_on_an_earlier_layout() -> None:
+    """A lever's value measured a quarter or more below the leader (the early abort's clear-loss line) is a
+    lesson kept across layouts: after a pipeline win moves the layout, the lever's other values are probed
+    from the new leader, that one is not."""
+    space = {TP_: [1, 2, 4], PP_: [1, 2, 4]}
+    base = {TP_: 2, PP_: 1}
+
+    def objective(full: dict[str, Any]) -> tuple[str, float | None]:
+        return "ok", 1000.0 * {4: 0.5, 2: 1.0, 1: 0.97}[full[TP_]] * {1: 1.0, 2: 1.2, 4: 1.1}[full[PP_]]
+
+    cp = SyntheticControlPlane()
+    cp.objective, cp.baseline = objective, dict(base)
+    drive(HeuristicTuner(space, base), cp)
+    full = [{**base, **c} for c in cp.launched]
+    assert {TP_: 4, PP_: 1} in full and {TP_: 1, PP_: 2} in full, full  # probed again from the new layout ...
+    assert {TP_: 4, PP_: 2} not in full, full  # ... save the value that lost clearly
+    assert cp.leader == pytest.approx(1200.0) and cp.stop is not None
+
+
+def test_heuristic_does_not_probe_past_two_clear_losses_that_worsen() -> None:
+    """Two values of a lever in one direction lost clearly, the farther one more: after a pipeline win moves
+    the layout, the values past them in that direction are not launched (the measured trend), and the two
+    are not probed again either."""
+    space = {TP_: [1, 2, 4, 8, 16], PP_: [1, 2]}
+    base = {TP_: 1, PP_: 1}
+
+    def objective(full: dict[str, Any]) -> tuple[str, float | None]:
+        return "ok", 1000.0 * {1: 1.0, 2: 0.7, 4: 0.5, 8: 0.4, 16: 0.3}[full[TP_]] * {1: 1.0, 2: 1.2}[full[PP_]]
+
+    cp = SyntheticControlPlane()
+    cp.objective, cp.baseline = objective, dict(base)
+    drive(HeuristicTuner(space, base), cp)
+    full = [{**base, **c} for c in cp.launched]
+    assert {TP_: 2, PP_: 1} in full and {TP_: 4, PP_: 1} in full and {TP_: 1, PP_: 2} in full, full
+    assert not [f for f in full if f[TP_] > 1 and f[PP_] == 2], full
+    assert cp.leader == pytest.approx(1200.0) and cp.stop is not None

@@ -33,7 +33,7 @@ from attune.control.spec import CampaignSpec
 from attune.core import ledger as ledger_mod
 from attune.core.errors import AppError
 from attune.core.state import CampaignState, RunState, load
-from attune.core.vocab import RunKind, RunOutcome, Verdict
+from attune.core.vocab import PROFILE_LOST_OUTCOMES, RunKind, RunOutcome, Verdict
 from attune.tuners.base import Candidate, Outcome, split_changes
 from attune.tuners.driver import drive
 from attune.tuners.factory import make_tuner
@@ -459,9 +459,11 @@ class CampaignRunner:
             room = spec.budget.concurrency - len(st.in_flight)
             for _ in range(max(0, min(want, room))):
                 # Diagnosis first: one calibration run is profiled where the tuner reads a profile (its trace
-                # window follows the measured steps, so the run still calibrates).
+                # window follows the measured steps, so the run still calibrates). A profiled run lost to an
+                # infrastructure fault (or cancelled) left no profile: the next calibration run is profiled.
                 profile = self._wants_profile(spec) and not any(
-                    r.kind == RunKind.CALIBRATION and r.profile for r in st.runs.values())
+                    r.kind == RunKind.CALIBRATION and r.profile and r.outcome not in PROFILE_LOST_OUTCOMES
+                    for r in st.runs.values())
                 status, payload = client.launch(kind="calibration", **({"profile": True} if profile else {}))
                 if profile:
                     st = self._current()

@@ -51,7 +51,14 @@ from attune.core.errors import ControlError
 from attune.core.job import JobSpec
 from attune.core.measure import gpu_hours
 from attune.core.state import BudgetState, CampaignState, Follower, RunState
-from attune.core.vocab import FINAL_KINDS, STOPPED_OUTCOMES, RunKind, RunOutcome, Verdict
+from attune.core.vocab import (
+    FINAL_KINDS,
+    PROFILE_LOST_OUTCOMES,
+    STOPPED_OUTCOMES,
+    RunKind,
+    RunOutcome,
+    Verdict,
+)
 
 SOURCE_ROOT = Path(attune.__file__).resolve().parents[1]
 
@@ -850,9 +857,11 @@ def rule_calibration(ctx: AdmitContext) -> Refusal | None:
     req, state = ctx.agent, ctx.state
     if not ctx.edits.empty or req.base not in ("leader", "baseline"):
         return Refusal("bad_request", "a calibration run is the baseline itself: no changes")
-    if req.profile and any(r.kind == "calibration" and r.profile for r in state.runs.values()):
+    if req.profile and any(r.kind == "calibration" and r.profile and r.outcome not in PROFILE_LOST_OUTCOMES
+                           for r in state.runs.values()):
         # One profiled calibration run (diagnosis first): its trace window follows the measured steps, so
-        # its measurement counts; one profile of the baseline is enough.
+        # its measurement counts; one profile of the baseline is enough. One lost to an infrastructure
+        # fault (or cancelled) left none: another calibration run may be profiled in its place.
         return Refusal("bad_request", "a calibration run is the baseline itself: only one of them is profiled")
     required = state.calibration_runs_required
     cal_open = sum(1 for r in state.in_flight if r.kind == "calibration")

@@ -39,6 +39,9 @@ STOPPED_OUTCOMES: frozenset[RunOutcome] = frozenset({RunOutcome.CANCELLED, RunOu
 # The control plane cut the run short (the early abort, the charge bound): charged what it used, and
 # counted with the failed runs in the accounting of GPU-hours that bought no measurement.
 CUT_OUTCOMES: frozenset[RunOutcome] = frozenset({RunOutcome.PRUNED, RunOutcome.OVERRUN})
+# A profiled run that ended so left no profile, and says nothing about the recipe: a calibration run lost
+# this way does not use up the campaign's one profile of the baseline (diagnosis first).
+PROFILE_LOST_OUTCOMES: frozenset[RunOutcome] = frozenset({RunOutcome.INFRASTRUCTURE, RunOutcome.CANCELLED})
 
 
 class RunKind(StrEnum):

@@ -244,7 +244,7 @@ def _heuristic(spec: CampaignSpec, seed: int, max_passes: int, knobs: KnobSpace 
                           max_passes=max_passes, couple=couple, extra_baseline=extra,
                           memory_retry=spec.framework == "megatron-lm" or "--recompute-granularity" in space,
                           base=_base(spec, knobs), cohere=coherent if spec.framework == "megatron-lm" else None,
-                          fits=memory_fit(spec), attacks=catalog_attacks(spec, list(space)),
+                          fits=memory_fit(spec), peak=memory_peak(spec), attacks=catalog_attacks(spec, list(space)),
                           gain_class=catalog_gain_class(spec, list(space)))
 
 
@@ -262,6 +262,23 @@ def memory_fit(spec: CampaignSpec) -> Callable[[dict[str, ArgValue]], bool | Non
         return None if est is None else est.fits
 
     return fits
+
+
+def memory_peak(spec: CampaignSpec) -> Callable[[dict[str, ArgValue]], float | None] | None:
+    """The skill's memory estimate's peak bytes per GPU of a recipe's full flags (None: no estimate): the
+    heuristic compares it with the peaks of recipes measured to run and to run out of memory."""
+    from attune.tuners.prefilter import recipe_memory
+
+    if memory_prefilter(spec)[0] is None:
+        return None
+
+    def peak(full: dict[str, ArgValue]) -> float | None:
+        flags = {k: v for k, v in full.items() if k.startswith("--")}
+        args = {k: v for k, v in {**spec.baseline.args, **flags}.items() if v not in (None, False)}
+        est, _ = recipe_memory(spec, args)
+        return None if est is None or not est.stages else float(est.peak.with_margin_bytes)
+
+    return peak
 
 
 def _space(spec: CampaignSpec, knobs: KnobSpace | None) -> tuple[dict[str, list[ArgValue]], dict[str, ArgValue]]:

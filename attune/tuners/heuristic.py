@@ -10,6 +10,16 @@ the leader, the levers that won before are re-tested on it first (rule 6). A lay
 CP, EP, expert TP): virtual stages schedule the same placement, so their win keeps what was learned. It stops, with evidence, when
 a full pass over the levers finds nothing that beats the leader.
 
+Spending launches (issue 23): the memory estimate is anchored by measurement, the largest estimated peak of
+a recipe that ran against the smallest of one that ran out of memory (`_fit`), which orders values and picks
+the coupled moves that pay for an out-of-memory move with more sharding. Once a run has run out of memory,
+a move the anchored estimate says does not fit is measured with full recomputation first (rule 5's retry
+before its out-of-memory run, `_memory_first`), the move as it is only where that measurement leaves it room
+to win; values beyond one that ran out of memory with every saving, which the estimate says need more
+memory still, are not launched (`_beyond_oom`); and a value that lost clearly (below the early abort's
+clear-loss line) is not probed again from a new layout, nor a value past two clear losses in one direction
+the farther of which lost more (`_lost_clearly`).
+
 Levers are taken in the order of `priority` (the catalog's expected-gain order), else in the
 order the campaign declares them.
 """
@@ -20,9 +30,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from attune.core.measure import PRUNER
 from attune.core.recipe import DEGREE_FLAG_NAMES, Recipe
 from attune.core.vocab import RunOutcome
 from attune.tuners.base import ArgValue, Candidate, Outcome, Tuner, recipe_key
+from attune.tuners.diagnosis import RECOMPUTE_SHARE_OF_COMPUTE
 
 MEMORY_SAVERS: dict[str, ArgValue] = {"--recompute-granularity": "full", "--recompute-activations": True}
 # The placement degrees: a layout is where ranks hold which shard. Virtual stages are the pipeline's
@@ -35,9 +47,18 @@ FULL_RECOMPUTE: dict[str, ArgValue] = {"--recompute-granularity": "full", "--rec
 NOT_THE_RECIPES = frozenset({RunOutcome.INFRASTRUCTURE, RunOutcome.CANCELLED})
 # Coupled moves queued to pay for one out-of-memory move with more sharding (`_pay_for_memory`).
 PAYERS = 2
-# Full recomputation repeats each layer's forward pass: about a third of a step's compute (forward 1,
-# backward 2), so dropping it speeds a step up by at most 1 / (1 - 1/3).
-FULL_RECOMPUTE_MAX_SPEEDUP = 1.5
+# Full recomputation repeats each layer's forward pass: forward 1, backward 2, recompute 1, a quarter of
+# the compute with it (`attune.tuners.diagnosis.RECOMPUTE_SHARE_OF_COMPUTE`, which also gives selective
+# recomputation's share). Going back from full to a lighter recomputation removes at most the difference of
+# the two shares from the step, so it speeds the step up by at most 1 / (1 - difference).
+FULL_RECOMPUTE_MAX_SPEEDUP = 1.0 / (1.0 - RECOMPUTE_SHARE_OF_COMPUTE["full"])
+
+
+def recompute_max_speedup(granularity: ArgValue) -> float:
+    """The most a step can gain going from full recomputation back to `granularity` (None: none)."""
+    lighter = 0.0 if granularity in (None, False) else RECOMPUTE_SHARE_OF_COMPUTE.get(str(granularity), 0.0)
+    saved = RECOMPUTE_SHARE_OF_COMPUTE["full"] - lighter
+    return 1.0 / (1.0 - saved) if 0.0 < saved < 1.0 else 1.0
 Coupler = Callable[[dict[str, ArgValue], str, ArgValue], "dict[str, ArgValue] | None"]
 # The framework's argument rules over a recipe's full flags (`attune.knowledge.coherence.cohere`):
 # (the candidate's flags, the flags it moved from) -> the coherent flags.
@@ -45,6 +66,10 @@ Coherer = Callable[[dict[str, ArgValue], dict[str, ArgValue]], dict[str, ArgValu
 # A candidate's full flags -> whether the memory estimate says it fits (None: no estimate). It orders
 # candidates (a likely out-of-memory one later) and never rules one out alone.
 MemoryFit = Callable[[dict[str, ArgValue]], "bool | None"]
+# A candidate's full flags -> the memory estimate's peak bytes per GPU (None: no estimate). Compared with the
+# peaks of recipes measured to run and to run out of memory, it says whether a recipe fits where the
+# estimate's absolute figure runs high or low (the estimate's error is mostly shared by nearby layouts).
+MemoryPeak = Callable[[dict[str, ArgValue]], "float | None"]
 
 
 def _recompute_fixup(full: dict[str, ArgValue], baseline: dict[str, ArgValue]) -> dict[str, ArgValue]:
@@ -87,6 +112,7 @@ class HeuristicTuner(Tuner):
         fits: MemoryFit | None = None,
         attacks: dict[str, list[str]] | None = None,
         gain_class: dict[str, int] | None = None,
+        peak: MemoryPeak | None = None,
     ) -> None:
         super().__init__(space, baseline, seed, base)
         # Flags outside the space that a coupled move may set (the pipeline split, recompute details).
@@ -96,6 +122,11 @@ class HeuristicTuner(Tuner):
         self.couple = couple
         self.cohere = cohere
         self.fits = fits
+        self.peak = peak
+        # The memory estimate anchored by measurement: the largest peak of a recipe that ran (the baseline
+        # did: it calibrated) and the smallest of one that ran out of memory.
+        self.ran_peak: float | None = self._peak_of(self.baseline)
+        self.oom_peak: float | None = None
         # What it learned about a lever on a layout (the leader's parallel degrees): ruled out there, why.
         self.learned: dict[tuple[str, str], str] = {}
         self.win_dir: dict[str, tuple[ArgValue, ArgValue]] = {}  # lever -> (from, to) of its last win
@@ -127,6 +158,16 @@ class HeuristicTuner(Tuner):
         self.pending_retry: deque[Candidate] = deque()
         # Coupled moves that pay for an out-of-memory move (`_pay_for_memory`), with the leader's layout then.
         self.deferred: deque[tuple[str, Candidate]] = deque()
+        # (layout, lever) -> (the value that ran out of memory with every memory saving it could take, its
+        # estimated peak): values beyond it need more memory still (`_beyond_oom`).
+        self.oom_at: dict[tuple[str, str], tuple[ArgValue, float]] = {}
+        # lever -> {value: the layout it lost clearly on}: below the early abort's clear-loss line (a quarter
+        # under the leader, many times any band), a lesson kept across layouts (`_lost_clearly`).
+        self.clear_losses: dict[str, dict[str, str]] = {}
+        # lever -> [(value, its throughput over the leader's)] of those clear losses, for the trend
+        self.clear_loss_trend: dict[str, list[tuple[ArgValue, float]]] = {}
+        # lever -> the values other than the baseline's its launched runs gave it (rule 4 asks for two)
+        self.values_run: dict[str, set[str]] = {}
         self.tried.add(self.key({}))
         self._lever_iter: deque[str] = deque()
         self._start_pass()
@@ -170,7 +211,7 @@ class HeuristicTuner(Tuner):
         """Among values equally near the leader's, one the memory estimate says will not fit goes second
         (never dropped, never pushed past a nearer value: the estimate runs high on some models, and
         rule 5 retries an out-of-memory layout with its memory savings anyway)."""
-        if self.fits is None or len(values) < 2:
+        if (self.fits is None and self.peak is None) or len(values) < 2:
             return values
         space = list(self.space[lever])
         cur = self._value(lever)
@@ -180,13 +221,136 @@ class HeuristicTuner(Tuner):
             full = {**self._full(self.leader), lever: v}
             if self.couple is not None:
                 full = self.couple(full, lever, v) or full
-            try:
-                late = 1 if self.fits(full) is False else 0
-            except Exception:  # an estimate that cannot be made orders nothing
-                late = 0
-            return dist, late
+            return dist, 1 if self._fit(full) is False else 0
 
         return sorted(values, key=rank)
+
+    def _peak_of(self, full: dict[str, ArgValue]) -> float | None:
+        if self.peak is None:
+            return None
+        try:
+            return self.peak(full)
+        except Exception:  # an estimate that cannot be made says nothing
+            return None
+
+    def _fit(self, full: dict[str, ArgValue]) -> bool | None:
+        """Whether the memory estimate says the recipe fits, anchored by measurement: its peak against the
+        largest peak of a recipe that ran and the smallest of one that ran out of memory, nearer the first
+        fits, nearer the second does not (no larger than one that ran fits, no smaller than one that ran out
+        of memory does not, where only one is known); without anchors, the estimate's own verdict. None: no
+        estimate. It orders candidates, never rules one out."""
+        p = self._peak_of(full)
+        ran, oom = self.ran_peak, self.oom_peak
+        if p is not None and ran is not None and oom is not None and ran < oom:
+            return p < (ran + oom) / 2
+        if p is not None and ran is not None and p <= ran:
+            return True
+        if p is not None and oom is not None and p >= oom:
+            return False
+        if self.fits is None:
+            return None
+        try:
+            return self.fits(full)
+        except Exception:  # an estimate that cannot be made says nothing
+            return None
+
+    def _fit_measured(self, full: dict[str, ArgValue]) -> bool | None:
+        """`_fit` where a measured out-of-memory run anchors the estimate, else None (the estimate's figure
+        alone decides nothing here)."""
+        return None if self.oom_peak is None else self._fit(full)
+
+    def _memory_first(self, cand: Candidate) -> Candidate:
+        """Rule 5's retry before the out-of-memory run, not after: a move the estimate, anchored by a run
+        that ran out of memory (`_fit_measured`), says does not fit is measured first with full
+        recomputation added back. The move as it is follows only where that measurement leaves it room to
+        beat the leader (`recompute_max_speedup`, `_after_memory_first`): the estimate orders the two, the
+        retry's measurement decides whether the second runs."""
+        tok: dict[str, Any] = dict(cand.token or {})
+        full = self._full(cand.changes)
+        if not self.memory_retry or tok.get("retried") or full.get("--recompute-granularity") == "full":
+            return cand
+        if self._fit_measured(full) is not False:
+            return cand
+        changes = self.diff(self._coherent(self._full({**cand.changes, **FULL_RECOMPUTE}), full))
+        if self.key(changes) in self.tried:
+            return cand
+        self.tried.add(self.key(changes))
+        return Candidate(
+            changes=changes, lever=cand.lever,
+            hypothesis=(f"{cand.hypothesis}; memory first: the estimate, anchored by a run that ran out of memory, "
+                        "says it does not fit as it is, so it is measured with full recomputation added back first"),
+            token={**tok, "retried": True, "oom_changes": dict(cand.changes), "plain": cand})
+
+    def _after_memory_first(self, tok: dict[str, Any], outcome: Outcome) -> bool:
+        """The move behind a memory-first retry (`_memory_first`) runs next where the retry ran, did not
+        lead, and its measurement leaves room to beat the leader; a retry out of memory says the move is too
+        (it saves less). True: it is queued."""
+        plain = tok.get("plain")
+        if not isinstance(plain, Candidate) or outcome.outcome in (RunOutcome.OOM, RunOutcome.REFUSED):
+            return False
+        if outcome.promoted or not self._may_pay(outcome, self._full(plain.changes).get("--recompute-granularity")):
+            # A retry that leads is the leader now: less recomputation is a move from it (the recompute
+            # lever's, where the space has one), the anchored estimate says it does not fit.
+            return False
+        ptok = {**(plain.token or {}), "retried": True, "after_retry": True}
+        self.pending_retry.appendleft(Candidate(
+            changes=plain.changes, lever=plain.lever, expected_gain=plain.expected_gain, token=ptok,
+            hypothesis=f"{plain.hypothesis}; its memory-first retry leaves it room to beat the leader"))
+        return True
+
+    def _beyond_oom(self, lever: str, value: ArgValue) -> bool:
+        """A value further from the leader's than one that ran out of memory on this layout with every memory
+        saving it could take (same direction), which the memory estimate says needs at least as much memory:
+        a measurement and the estimate together say it cannot fit, so it is not launched (the memory it
+        lacks is what the queued coupled moves pay for)."""
+        rec = self.oom_at.get((self._layout(), lever))
+        if rec is None or not self._beyond(lever, value, rec[0], self._value(lever)):
+            return False
+        full: dict[str, ArgValue] | None = {**self._full(self.leader), lever: value}
+        if self.couple is not None and full is not None:
+            full = self.couple(full, lever, value)
+        p = None if full is None else self._peak_of(full)
+        return p is not None and p >= rec[1]
+
+    def _lost_clearly(self, lever: str, value: ArgValue) -> bool:
+        """A value of the lever that lost clearly on an earlier layout (`clear_losses`) is not probed again
+        from a new one: the leader it would have to beat is faster still."""
+        where = self.clear_losses.get(lever, {}).get(str(value))
+        return (where is not None and where != self._layout()) or self._past_a_worsening_loss(lever, value)
+
+    def _past_a_worsening_loss(self, lever: str, value: ArgValue) -> bool:
+        """A value beyond two clear losses of the lever in the same direction from the leader's value, the
+        farther of which lost more: the measured trend says it loses more still."""
+        cur = self._value(lever)
+        values = list(self.space[lever])
+        if cur not in values or value not in values:
+            return False
+        on_the_way = [(abs(values.index(v) - values.index(cur)), r) for v, r in self.clear_loss_trend.get(lever, [])
+                      if v in values and v != cur and self._beyond(lever, value, v, cur)]
+        on_the_way.sort()
+        return len(on_the_way) >= 2 and on_the_way[-1][1] < on_the_way[-2][1] and on_the_way[-1][0] > on_the_way[-2][0]
+
+    def _note_clear_loss(self, tok: dict[str, Any], outcome: Outcome, lever: str) -> None:
+        tps, leader = outcome.tokens_per_s_per_gpu, outcome.extra.get("leader_tps")
+        if outcome.promoted or tps is None or not isinstance(leader, (int, float)) or "value" not in tok:
+            return
+        if tok.get("retried") or tok.get("paid"):
+            return  # a retry or a coupled move is not the lever's value as it is
+        if tps < PRUNER.clear_fraction * leader:
+            self.clear_losses.setdefault(lever, {}).setdefault(str(tok["value"]), self._layout())
+            self.clear_loss_trend.setdefault(lever, []).append((tok["value"], tps / leader))
+
+    def _anchor(self, full: dict[str, ArgValue], outcome: str) -> None:
+        """A measured outcome anchors the memory estimate (`_fit`): it ran, or it ran out of memory."""
+        if outcome in (RunOutcome.REFUSED, *NOT_THE_RECIPES):
+            return
+        p = self._peak_of(full)
+        if p is None:
+            return
+        if outcome == RunOutcome.OOM:
+            self.oom_peak = p if self.oom_peak is None else min(self.oom_peak, p)
+        elif outcome in (RunOutcome.OK, RunOutcome.PRUNED):
+            self.ran_peak = p if self.ran_peak is None else max(self.ran_peak, p)
 
     def _full(self, changes: dict[str, ArgValue]) -> dict[str, ArgValue]:
         return {**{k: self.baseline.get(k) for k in self.keys}, **changes}
@@ -244,11 +408,9 @@ class HeuristicTuner(Tuner):
         if self.pending_retry:
             return self.pending_retry.popleft()
         while True:
-            while self.queue:
-                lever, value = self.queue.popleft()
-                cand = self._candidate(lever, value, "rule 4: two values before ruling out")
-                if cand is not None:
-                    return cand
+            cand = self._next_from_queue()
+            if cand is not None:
+                return cand
             if self.current_lever is not None and self.current_lever not in self.ruled_out:
                 self._rule_out(self.current_lever, "values exhausted without beating the leader")
             if self.restart:
@@ -283,6 +445,18 @@ class HeuristicTuner(Tuner):
             self.current_lever = lever
             self.failures[lever] = 0
             self.queue = deque((lever, v) for v in self._values_to_try(lever))
+
+    def _next_from_queue(self) -> Candidate | None:
+        """The current lever's next value worth a launch (None: its queue is through)."""
+        while self.queue:
+            lever, value = self.queue.popleft()
+            if len(self.values_run.get(lever, ())) >= 2 and (
+                    self._beyond_oom(lever, value) or self._lost_clearly(lever, value)):
+                continue  # skipped only where rule 4's two values are measured already
+            cand = self._candidate(lever, value, "rule 4: two values before ruling out")
+            if cand is not None:
+                return self._memory_first(cand)
+        return None
 
     def _next_deferred(self) -> Candidate | None:
         """The next coupled move made on the leader's current layout (stale ones are dropped)."""
@@ -320,37 +494,14 @@ class HeuristicTuner(Tuner):
         if outcome.outcome in NOT_THE_RECIPES:
             self._infra_outcome(candidate, tok)
             return
-        if outcome.outcome != RunOutcome.REFUSED and lever not in self.measured:
-            self.measured.append(lever)
-        if outcome.outcome not in (RunOutcome.REFUSED, RunOutcome.INFRASTRUCTURE, RunOutcome.CANCELLED):
-            full = self._full(candidate.changes)
-            for flag in DEGREE_FLAG_NAMES & set(self.space):
-                self.moved.setdefault(flag, set()).add(1 if full.get(flag) is None else full.get(flag))
+        self._note_measured(candidate, outcome, lever)
+        self._note_clear_loss(tok, outcome, lever)
+        plain_next = tok.get("plain") is not None and self._after_memory_first(tok, outcome)
         if outcome.promoted:
-            old = self._value(lever)
-            was = self._layout()
-            self.win_dir[lever] = (old, tok.get("value"))
-            self.leader = dict(candidate.changes)
-            self.win_layout[lever] = self._layout()
-            self.improved_this_pass = True
-            # a placement lever won, or a coupled move moved the layout with it
-            self.restart = self.restart or lever in PLACEMENT_FLAGS or self.win_layout[lever] != was
-            if lever not in self.won:
-                self.won.append(lever)
-            # Keep moving in the direction that won, drop the other direction.
-            self.failures[lever] = 0
-            self.queue = deque(
-                (lever, v) for v in self._values_to_try(lever) if self._beyond(lever, v, tok.get("value"), old)
-            )
+            self._promote(candidate, tok, lever)
             return
-        if outcome.outcome == RunOutcome.OOM and not tok.get("retried"):
-            if self._retry_after_oom(candidate, tok, lever):
-                return
-            if self._pay_for_memory(candidate.changes, tok, lever):
-                return
-        elif tok.get("retried") and not tok.get("paid") and "oom_changes" in tok and self._may_pay(outcome):
-            # Rule 5's retry did not lead: the memory the move lacked may be paid for by sharding instead.
-            self._pay_for_memory(tok["oom_changes"], tok, lever)
+        if self._memory_outcome(candidate, outcome, tok, lever, plain_next):
+            return
         # Outcomes arrive out of order when runs overlap: a late outcome of another lever counts against
         # that lever, never against the one being probed now.
         self.failures[lever] = self.failures.get(lever, 0) + 1
@@ -358,6 +509,67 @@ class HeuristicTuner(Tuner):
             self._rule_out(lever, "two values did not beat the leader")
             if lever == self.current_lever:
                 self.queue.clear()
+
+    def _note_measured(self, candidate: Candidate, outcome: Outcome, lever: str) -> None:
+        """What a measured outcome teaches whatever its verdict: the lever was measured, the memory anchor,
+        the parallel degrees launched."""
+        if outcome.outcome == RunOutcome.REFUSED:
+            return
+        if lever not in self.measured:
+            self.measured.append(lever)
+        full = self._full(candidate.changes)
+        self._anchor(full, outcome.outcome)
+        for flag in self.space:
+            if str(full.get(flag)) != str(self.baseline.get(flag)):
+                self.values_run.setdefault(flag, set()).add(str(full.get(flag)))
+        for flag in DEGREE_FLAG_NAMES & set(self.space):
+            self.moved.setdefault(flag, set()).add(1 if full.get(flag) is None else full.get(flag))
+
+    def _promote(self, candidate: Candidate, tok: dict[str, Any], lever: str) -> None:
+        old = self._value(lever)
+        was = self._layout()
+        self.win_dir[lever] = (old, tok.get("value"))
+        self.leader = dict(candidate.changes)
+        self.win_layout[lever] = self._layout()
+        self.improved_this_pass = True
+        # a placement lever won, or a coupled move moved the layout with it
+        self.restart = self.restart or lever in PLACEMENT_FLAGS or self.win_layout[lever] != was
+        if lever not in self.won:
+            self.won.append(lever)
+        # Keep moving in the direction that won, drop the other direction.
+        self.failures[lever] = 0
+        self.queue = deque(
+            (lever, v) for v in self._values_to_try(lever) if self._beyond(lever, v, tok.get("value"), old)
+        )
+
+    def _memory_outcome(self, candidate: Candidate, outcome: Outcome, tok: dict[str, Any], lever: str,
+                        plain_next: bool) -> bool:
+        """Rule 5 and the coupled moves that pay for memory. True: the outcome does not count against the
+        lever's value (a retry of it, or the move behind its memory-first retry, is still to come)."""
+        oom = outcome.outcome == RunOutcome.OOM
+        if tok.get("after_retry"):
+            # The move behind its memory-first retry: the retry counted for the lever; out of memory, the
+            # memory it lacks may still be paid for by sharding (as after rule 5's retry).
+            if oom:
+                self._pay_for_memory(candidate.changes, tok, lever)
+            return True
+        if oom and tok.get("paid") and not tok.get("paid_retry"):
+            # A coupled move that ran out of memory: rule 5 holds for its layout too.
+            return self._retry_after_oom(candidate, {**tok, "paid_retry": True}, lever)
+        if oom and not tok.get("retried"):
+            if self._retry_after_oom(candidate, tok, lever):
+                return True
+            oom_peak = self._peak_of(self._full(candidate.changes))
+            if oom_peak is not None and "value" in tok:
+                self.oom_at[(self._layout(), lever)] = (tok["value"], oom_peak)
+            return self._pay_for_memory(candidate.changes, tok, lever)
+        if plain_next:
+            return False  # the move itself runs next: whether its memory needs paying for, its own run says
+        if tok.get("retried") and not tok.get("paid") and "oom_changes" in tok and self._may_pay(
+                outcome, self._full(tok["oom_changes"]).get("--recompute-granularity")):
+            # Rule 5's retry did not lead: the memory the move lacked may be paid for by sharding instead.
+            self._pay_for_memory(tok["oom_changes"], tok, lever)
+        return False
 
     def _rule_out(self, lever: str, why: str) -> None:
         self.ruled_out[lever] = why
@@ -407,15 +619,17 @@ class HeuristicTuner(Tuner):
         return False
 
     @staticmethod
-    def _may_pay(retry: Outcome) -> bool:
+    def _may_pay(retry: Outcome, granularity: ArgValue = None) -> bool:
         """Whether paying for the memory with sharding can beat the leader, by the retry's measurement: the
-        paid move saves at most the full recomputation the retry added (`FULL_RECOMPUTE_MAX_SPEEDUP`) and
-        the degree that pays costs something, so a retry slower than the leader by more than that cannot
-        be rescued. A retry without a measurement (out of memory again) says nothing: pay."""
+        paid move keeps the out-of-memory move's recomputation (`granularity`), so it saves at most the
+        difference between full recomputation, which the retry added, and that one
+        (`recompute_max_speedup`), and the degree that pays costs something; a retry slower than the leader
+        by more than that cannot be rescued. A retry without a measurement (out of memory again) says
+        nothing: pay."""
         tps, leader = retry.tokens_per_s_per_gpu, retry.extra.get("leader_tps")
         if tps is None or not isinstance(leader, (int, float)) or leader <= 0:
             return True
-        return tps * FULL_RECOMPUTE_MAX_SPEEDUP > leader
+        return tps * recompute_max_speedup(granularity) > leader
 
     def _pay_for_memory(self, oom: dict[str, ArgValue], tok: dict[str, Any], lever: str) -> bool:
         """A coupled move, first-class: a move that ran out of memory (less recomputation, a narrower TP or EP)
@@ -469,10 +683,7 @@ class HeuristicTuner(Tuner):
             if full is None or (lever in self.space and str(full.get(lever)) != str(moved)):
                 continue  # no feasible layout pays for it, or the one that does undoes the move
             full = self._coherent(full, origin)
-            try:
-                fit = None if self.fits is None else self.fits(full)
-            except Exception:  # an estimate that cannot be made says nothing
-                fit = None
+            fit = self._fit(full)
             if fit is False:
                 continue
             n_moved = sum(1 for f in PLACEMENT_FLAGS if str(full.get(f)) != str(origin.get(f)))
