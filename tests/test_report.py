@@ -6,6 +6,7 @@ import struct
 import subprocess
 import zlib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -173,3 +174,21 @@ def test_hostile_ledger_text_is_escaped_in_the_page(campaign_dir: Path) -> None:
     assert "<script>" not in page and "<a href" not in page and 'onmouseover="x"' not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and ("&#34;" in page or "&quot;" in page)
     assert page.count("<tr>") >= 5 and "attune campaign report" in page  # the page itself still renders
+
+
+def test_gpu_hour_axis_labels_are_plain_numbers_inside_the_picture() -> None:
+    """A campaign of hundreds or thousands of GPU-hours gets labels like 1,410, never 1.41e+03, and the
+    last label ends at the axis' end (a centred one was cut by the picture's edge)."""
+    import re
+
+    from attune.app.report import _axis_number, svg_plot
+
+    assert [_axis_number(v) for v in (0, 470, 1410.4, 1880, 0.0123, 12.5)] == [
+        "0", "470", "1,410", "1,880", "0.0123", "12.5"]
+    r = SimpleNamespace(curve=[(0.0, 0.0), (700.0, 0.05), (1336.0, 0.19), (1880.0, 0.19)],
+                        leader_points=[(700.0, 0.05, "r012"), (1336.0, 0.19, "r022")],
+                        headline=SimpleNamespace(band=0.0325))
+    svg = svg_plot(r)
+    labels = re.findall(r'text-anchor="(\w+)" font-size="11">([^<]+)</text>', svg)
+    assert not any("e+" in t for _, t in labels), labels
+    assert ("end", "1,880") in labels

@@ -455,7 +455,9 @@ def svg_plot(r: Report, width: int = 720, height: int = 320) -> str:
         yv += step
     for i in range(5):
         xv = xmax * i / 4
-        ticks.append(f'<text x="{sx(xv):.1f}" y="{mt + ph + 16}" text-anchor="middle" font-size="11">{xv:.3g}</text>')
+        anchor = "end" if i == 4 else "middle"  # the last label ends at the axis' end, inside the picture
+        ticks.append(f'<text x="{sx(xv):.1f}" y="{mt + ph + 16}" text-anchor="{anchor}" font-size="11">'
+                     f'{_axis_number(xv)}</text>')
     marks = "".join(
         f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="4" fill="#1f77b4"><title>{html.escape(rid)}: {y:+.1%}</title></circle>'
         for x, y, rid in r.leader_points
@@ -474,6 +476,15 @@ def svg_plot(r: Report, width: int = 720, height: int = 320) -> str:
         f'<text x="14" y="{mt + ph / 2}" text-anchor="middle" font-size="12" transform="rotate(-90 14 {mt + ph / 2})">'
         f"best-so-far gain</text></svg>"
     )
+
+
+def _axis_number(v: float) -> str:
+    """A GPU-hour axis label: three significant digits, never in exponent form (1,410, not 1.41e+03)."""
+    if v == 0:
+        return "0"
+    if abs(v) >= 100:
+        return f"{round(v, 3 - len(str(int(abs(v))))):,.0f}"
+    return f"{v:.3g}"
 
 
 def to_html(r: Report) -> str:
