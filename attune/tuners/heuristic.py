@@ -225,13 +225,18 @@ class HeuristicTuner(Tuner):
 
         return sorted(values, key=rank)
 
-    def _peak_of(self, full: dict[str, ArgValue]) -> float | None:
-        if self.peak is None:
+    @staticmethod
+    def _estimate(fn: Callable[[dict[str, ArgValue]], Any] | None, full: dict[str, ArgValue]) -> Any:
+        """`fn(full)` for a memory estimate, None where there is none or it cannot be made (it says nothing)."""
+        if fn is None:
             return None
         try:
-            return self.peak(full)
+            return fn(full)
         except Exception:  # an estimate that cannot be made says nothing
             return None
+
+    def _peak_of(self, full: dict[str, ArgValue]) -> float | None:
+        return self._estimate(self.peak, full)
 
     def _fit(self, full: dict[str, ArgValue]) -> bool | None:
         """Whether the memory estimate says the recipe fits, anchored by measurement: its peak against the
@@ -247,12 +252,7 @@ class HeuristicTuner(Tuner):
             return True
         if p is not None and oom is not None and p >= oom:
             return False
-        if self.fits is None:
-            return None
-        try:
-            return self.fits(full)
-        except Exception:  # an estimate that cannot be made says nothing
-            return None
+        return self._estimate(self.fits, full)
 
     def _fit_measured(self, full: dict[str, ArgValue]) -> bool | None:
         """`_fit` where a measured out-of-memory run anchors the estimate, else None (the estimate's figure
