@@ -78,26 +78,31 @@ def test_the_order_does_not_change_once_the_search_has_started() -> None:
     assert tuner.order == list(SPACE)
 
 
-def test_a_sim_campaign_profiles_one_calibration_run_and_records_the_order(tmp_path: Path) -> None:
-    from attune.app.campaign_runner import CampaignRunner
+def _minimax_campaign_rows(tmp_path: Path, cluster_settings: dict | None = None) -> list[dict]:
+    """The ledger rows of a small simulated MiniMax-M2 campaign run by the heuristic in process (300 GPU-h,
+    one run at a time; `cluster_settings` merged into the sim cluster's). How it ends (shipped or not) is
+    not what the tests that use it are about."""
+    from attune.app.campaign_runner import CampaignRunner, RunnerError
 
     spec = yaml.safe_load((ROOT / "examples/campaigns/minimax-m2-64xb200/campaign.yaml").read_text())
     spec["budget"].update({"gpu_hours": 300, "concurrency": 1})
+    spec["cluster"]["settings"].update(cluster_settings or {})
     d = tmp_path / "c"
     d.mkdir()
     (d / "campaign.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    from attune.app.campaign_runner import RunnerError
-
-    # The campaign's end (shipped or not) is not what this test is about.
     with contextlib.suppress(RunnerError):
         CampaignRunner(d, "heuristic", seed=1, say=None, transport="in-process").run()
-    rows = [json.loads(x) for x in (d / "ledger.jsonl").read_text().splitlines()]
+    return [json.loads(x) for x in (d / "ledger.jsonl").read_text().splitlines()]
+
+
+def test_a_sim_campaign_profiles_one_calibration_run_and_records_the_order(tmp_path: Path) -> None:
+    rows = _minimax_campaign_rows(tmp_path)
     admitted = [r["data"] for r in rows if r["type"] == "launch_admitted"]
     cal = [a for a in admitted if a.get("kind") == "calibration"]
     profiled = [a for a in cal if a.get("profile")]
     assert len(profiled) == 1, cal
     rid = profiled[0]["run_id"]
-    assert any((d / "runs" / rid / "traces").glob("*.json*")), "the profiled run wrote its traces"
+    assert any((tmp_path / "c" / "runs" / rid / "traces").glob("*.json*")), "the profiled run wrote its traces"
     diag = [r["data"] for r in rows if r["type"] == "diagnosis_recorded" and r["data"]["run_id"] == rid]
     assert len(diag) == 1
     assert "Lever order:" in diag[0]["text"] and "Why:" in diag[0]["text"] and diag[0].get("bottleneck")
@@ -141,17 +146,7 @@ def test_a_profiled_calibration_run_lost_to_the_infrastructure_is_replaced_by_an
     """The profiled calibration run fails on a node (sim seed 2 at 0.1 node failures per node-hour: the
     precondition is asserted): the next calibration run is profiled in its place (the control plane admits
     it), and the diagnosis is read from that one, before the search."""
-    from attune.app.campaign_runner import CampaignRunner, RunnerError
-
-    spec = yaml.safe_load((ROOT / "examples/campaigns/minimax-m2-64xb200/campaign.yaml").read_text())
-    spec["budget"].update({"gpu_hours": 300, "concurrency": 1})
-    spec["cluster"]["settings"].update({"seed": 2, "infra_fault_rate": 0.1})
-    d = tmp_path / "c"
-    d.mkdir()
-    (d / "campaign.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    with contextlib.suppress(RunnerError):
-        CampaignRunner(d, "heuristic", seed=1, say=None, transport="in-process").run()
-    rows = [json.loads(x) for x in (d / "ledger.jsonl").read_text().splitlines()]
+    rows = _minimax_campaign_rows(tmp_path, {"seed": 2, "infra_fault_rate": 0.1})
     outcome = {r["data"]["run_id"]: r["data"].get("outcome") for r in rows if r["type"] == "run_finished"}
     profiled = [a["run_id"] for a in (r["data"] for r in rows if r["type"] == "launch_admitted")
                 if a.get("kind") == "calibration" and a.get("profile")]

@@ -248,17 +248,30 @@ def _heuristic(spec: CampaignSpec, seed: int, max_passes: int, knobs: KnobSpace 
                           gain_class=catalog_gain_class(spec, list(space)))
 
 
-def memory_fit(spec: CampaignSpec) -> Callable[[dict[str, ArgValue]], bool | None] | None:
-    """The skill's memory estimate as an ordering hint: a recipe's full flags -> fits (None: no estimate)."""
+def _memory_estimate(spec: CampaignSpec) -> Callable[[dict[str, ArgValue]], Any] | None:
+    """The skill's memory estimate of a recipe's full flags (the campaign's baseline under them), or None
+    where the campaign has no estimate."""
     from attune.tuners.prefilter import recipe_memory
 
     if memory_prefilter(spec)[0] is None:
         return None
 
-    def fits(full: dict[str, ArgValue]) -> bool | None:
+    def estimate(full: dict[str, ArgValue]) -> Any:
         flags = {k: v for k, v in full.items() if k.startswith("--")}
         args = {k: v for k, v in {**spec.baseline.args, **flags}.items() if v not in (None, False)}
-        est, _ = recipe_memory(spec, args)
+        return recipe_memory(spec, args)[0]
+
+    return estimate
+
+
+def memory_fit(spec: CampaignSpec) -> Callable[[dict[str, ArgValue]], bool | None] | None:
+    """The skill's memory estimate as an ordering hint: a recipe's full flags -> fits (None: no estimate)."""
+    estimate = _memory_estimate(spec)
+    if estimate is None:
+        return None
+
+    def fits(full: dict[str, ArgValue]) -> bool | None:
+        est = estimate(full)
         return None if est is None else est.fits
 
     return fits
@@ -267,15 +280,12 @@ def memory_fit(spec: CampaignSpec) -> Callable[[dict[str, ArgValue]], bool | Non
 def memory_peak(spec: CampaignSpec) -> Callable[[dict[str, ArgValue]], float | None] | None:
     """The skill's memory estimate's peak bytes per GPU of a recipe's full flags (None: no estimate): the
     heuristic compares it with the peaks of recipes measured to run and to run out of memory."""
-    from attune.tuners.prefilter import recipe_memory
-
-    if memory_prefilter(spec)[0] is None:
+    estimate = _memory_estimate(spec)
+    if estimate is None:
         return None
 
     def peak(full: dict[str, ArgValue]) -> float | None:
-        flags = {k: v for k, v in full.items() if k.startswith("--")}
-        args = {k: v for k, v in {**spec.baseline.args, **flags}.items() if v not in (None, False)}
-        est, _ = recipe_memory(spec, args)
+        est = estimate(full)
         return None if est is None or not est.stages else float(est.peak.with_margin_bytes)
 
     return peak
