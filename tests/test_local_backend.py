@@ -91,6 +91,40 @@ def test_cancel_kills_the_whole_process_group(tmp_path: Path) -> None:
     b.cancel(bid)  # idempotent
 
 
+# A launcher such as torchrun starts each rank in a session of its own (start_new_session): a signal to the
+# job's process group misses it, and once the launcher is killed the rank is re-parented out of reach.
+SESSION_CHILD = (
+    "import subprocess, sys, time\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True)\n"
+    "open('child.pid', 'w').write(str(child.pid))\n"
+    "print('started', flush=True)\n"
+    "time.sleep(300)\n"
+)
+
+
+def test_cancel_kills_a_rank_that_left_the_process_group(tmp_path: Path) -> None:
+    b = LocalBackend(slots=2, kill_grace_s=0.5)
+    bid = b.submit(job(tmp_path, "ranks", SESSION_CHILD))
+    pid_file = tmp_path / "ranks" / "child.pid"
+    wait_for(lambda: pid_file.exists() and pid_file.read_text() != "")
+    child = int(pid_file.read_text())
+    assert alive(child) and os.getsid(child) == child  # a session (and group) of its own
+    b.cancel(bid)
+    assert b.status(bid).state == JobState.CANCELLED
+    wait_for(lambda: not alive(child), timeout_s=5)
+
+
+def test_the_time_limit_kills_a_rank_that_left_the_process_group(tmp_path: Path) -> None:
+    b = LocalBackend(slots=1)
+    bid = b.submit(job(tmp_path, "slowranks", SESSION_CHILD, time_limit_s=1.5))
+    pid_file = tmp_path / "slowranks" / "child.pid"
+    wait_for(lambda: pid_file.exists() and pid_file.read_text() != "")
+    child = int(pid_file.read_text())
+    wait_for(lambda: finished(b, bid), timeout_s=20)
+    assert b.status(bid).state == JobState.TIMEOUT
+    wait_for(lambda: not alive(child), timeout_s=5)
+
+
 def test_time_limit(tmp_path: Path) -> None:
     b = LocalBackend(slots=1)
     bid = b.submit(job(tmp_path, "slow", "import time; time.sleep(300)", time_limit_s=0.3))

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from attune.core.campaign_paths import BROKER_DIR, RUN_JOB, RUNS_DIR
 from attune.core.ledger import keys_dir
+from broker.backends import proctree
 from broker.backends.base import BackendError, JobSpec, JobState, JobStatus, env_name_problem, shell_comment
 
 EXIT_FILE = "exit_status"
@@ -117,9 +118,17 @@ def _pgroup_alive(pgid: int) -> bool:
     return False
 
 
-def _kill_group(pgid: int, sig: int) -> None:
+def _kill_group(pgid: int, sig: int, known: proctree.Known | None = None, walk: bool = True) -> None:
+    """Signal the job's process group, and every process of its tree (as recorded in `known`, which is
+    brought up to date): ranks that a launcher started in sessions of their own are in the tree only.
+    `walk=False` once the group's leader was reaped: its pid may belong to another process by now."""
+    if known is None:
+        known = proctree.tree(pgid) if walk else {}
+    elif walk:
+        known.update(proctree.tree(pgid))
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+    proctree.signal_all(known, sig)
 
 
 def _read_exit(run_dir: Path) -> tuple[int, float | None] | None:
@@ -273,13 +282,17 @@ class LocalBackend:
                 return
             pgid = job.pid
         assert pgid is not None
-        _kill_group(pgid, signal.SIGTERM)
+        # The tree as well as the group: a launcher such as torchrun puts each rank in a session of its own.
+        known = proctree.tree(pgid)
+        _kill_group(pgid, signal.SIGTERM, known)
         deadline = time.monotonic() + self.kill_grace_s
-        while time.monotonic() < deadline and self._alive(job):
+        while time.monotonic() < deadline and (self._alive(job) or proctree.alive(known)):
+            known.update(proctree.tree(pgid))
             time.sleep(0.05)
-        _kill_group(pgid, signal.SIGKILL)
+        _kill_group(pgid, signal.SIGKILL, known)
         deadline = time.monotonic() + 10.0
-        while self._alive(job) and time.monotonic() < deadline:
+        while (self._alive(job) or proctree.alive(known)) and time.monotonic() < deadline:
+            proctree.signal_all(known, signal.SIGKILL)
             time.sleep(0.02)
         with self._lock:
             if not job.state.finished:
@@ -331,7 +344,7 @@ class LocalBackend:
             rc = None
         info = _read_exit(job.spec.run_dir)
         if job.pid is not None:
-            _kill_group(job.pid, signal.SIGKILL)  # stragglers the command left behind
+            _kill_group(job.pid, signal.SIGKILL, walk=False)  # stragglers the command left behind
         if info is not None:
             code, ended = info
             job.exit_code = code

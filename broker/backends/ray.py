@@ -680,7 +680,14 @@ def _num(v: float) -> int | float:
 
 
 def _launcher_source() -> str:
-    text = (Path(__file__).with_name("ray_launch.py")).read_text()
+    """ray_launch.py's text with proctree.py's text filled in (the driver ships both in one heredoc)."""
+    here = Path(__file__).parent
+    text = (here / "ray_launch.py").read_text()
+    tree = (here / "proctree.py").read_text()
+    slot = 'PROCTREE_SOURCE = ""\n'
+    if text.count(slot) != 1:
+        raise BackendError("broker/backends/ray_launch.py lacks its PROCTREE_SOURCE slot")
+    text = text.replace(slot, f"PROCTREE_SOURCE = {tree!r}\n")
     if LAUNCHER_EOF in text:
         raise BackendError("broker/backends/ray_launch.py contains the heredoc terminator")
     return text

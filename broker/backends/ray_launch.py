@@ -7,9 +7,14 @@ each bundle's node with NODE_RANK / NNODES / MASTER_ADDR / MASTER_PORT (and torc
 them), and copies every node's output to its own stdout (the job's log), whole lines at a time.
 
 It ends when every node's script has ended: with 0 when all succeeded, else with the first failing
-exit code, after stopping the others. SIGTERM (Ray's stop) stops every node's process group and exits
+exit code, after stopping the others. SIGTERM (Ray's stop) stops every node's process tree and exits
 143. A node lost under the job kills this driver with SIGKILL: the backend classifies a driver killed
 by a signal as an infrastructure failure.
+
+A node's processes are stopped as a tree, not as a process group: launchers such as torchrun put each
+rank in a session of its own, so a rank outlives a signal to the node script's group (and once its
+parent is killed it is re-parented, out of reach). A watchdog beside each node script records the tree
+as it grows and kills every recorded process still alive when the actor's worker or the script ends.
 """
 
 from __future__ import annotations
@@ -25,6 +30,18 @@ import time
 
 START_MARK = "attune-ray: job started "
 NODES_MARK = "attune-ray: nodes "
+
+# broker/backends/proctree.py's text: ray.py fills it in when it embeds this file in a job's script. The
+# actor runs it for its tree helpers and starts it as each node's watchdog (`python -I -c`).
+PROCTREE_SOURCE = ""
+
+
+def _proctree_source() -> str:
+    if PROCTREE_SOURCE:
+        return PROCTREE_SOURCE
+    from pathlib import Path  # run from a checkout (tests): the file beside this one
+
+    return Path(__file__).with_name("proctree.py").read_text()
 
 
 def main() -> int:
@@ -65,9 +82,10 @@ def main() -> int:
                 fh.write(script)
             self.proc = subprocess.Popen(["bash", path], env={**os.environ, **env}, stdin=subprocess.DEVNULL,
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-            # The node's processes go with this actor's worker (the job stopped, its driver lost).
-            subprocess.Popen(f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 1; done; kill -9 -{self.proc.pid}",
-                             shell=True, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            # The node's process tree goes with this actor's worker (the job stopped, its driver lost).
+            subprocess.Popen([sys.executable, "-I", "-c", _proctree_source(), str(os.getpid()), str(self.proc.pid)],
+                             start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
             self.pump = threading.Thread(target=self._pump, daemon=True)
             self.pump.start()
 
@@ -84,16 +102,13 @@ def main() -> int:
             return out, (self.proc.wait() if done and self.proc is not None else None)
 
         def stop(self, grace_s: float) -> None:
-            if self.proc is None or self.proc.poll() is not None:
+            """SIGTERM to the node script's whole process tree, SIGKILL to what is left after the grace."""
+            if self.proc is None:
                 return
-            for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
-                try:
-                    os.killpg(self.proc.pid, sig)
-                except ProcessLookupError:
-                    return
-                deadline = time.monotonic() + wait
-                while self.proc.poll() is None and time.monotonic() < deadline:
-                    time.sleep(0.05)
+            helpers: dict[str, object] = {"__name__": "proctree"}
+            exec(_proctree_source(), helpers)  # noqa: S102 - the backend's own file, shipped with this one
+            helpers["stop_tree"](self.proc.pid, grace_s, kill_wait_s=2.0)  # type: ignore[operator]
+            self.proc.poll()
 
     actors = [NodeProcess.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
         placement_group=pg, placement_group_bundle_index=i)).remote() for i in range(n)]
