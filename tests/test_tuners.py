@@ -411,3 +411,62 @@ def test_heuristic_does_not_probe_past_two_clear_losses_that_worsen() -> None:
     assert {TP_: 2, PP_: 1} in full and {TP_: 4, PP_: 1} in full and {TP_: 1, PP_: 2} in full, full
     assert not [f for f in full if f[TP_] > 1 and f[PP_] == 2], full
     assert cp.leader == pytest.approx(1200.0) and cp.stop is not None
+
+
+CP_ = "--context-parallel-size"
+
+
+def node_objective(full: dict[str, Any]) -> tuple[str, float | None]:
+    """Eight GPUs a node: a recipe whose TP x CP group spans two nodes is a third slower (its per-layer
+    collectives cross the slower fabric); otherwise a wider TP is faster and a deeper pipeline a little
+    slower. Baseline TP4/CP2/PP8: TP8 alone crosses the node and loses; TP8 with CP1 wins."""
+    tp, cp, pp = full[TP_], full[CP_], full[PP_]
+    tps = 1000.0 * {2: 0.9, 4: 1.0, 8: 1.15}[tp] * {1: 1.0, 2: 1.0, 4: 0.98}[cp] * {4: 1.06, 8: 1.0}[pp]
+    return "ok", tps * (0.66 if tp * cp > 8 else 1.0)
+
+
+@pytest.mark.parametrize("node_gpus", [8, None])
+def test_heuristic_rebalances_a_move_that_pushed_its_node_group_across_nodes(node_gpus: int | None) -> None:
+    """A placement move that lost after it pushed the TP x CP group across nodes is measured again at once with
+    the group's other degree moved the other way (TP8 with CP1: the data-parallel size stays), and that
+    re-balanced move is not counted against the lever. Without the cluster's GPUs per node there is no
+    such move, and the search needs more launches to get there, if it does."""
+    space = {TP_: [2, 4, 8], CP_: [1, 2, 4], PP_: [4, 8]}
+    base = {TP_: 4, CP_: 2, PP_: 8}
+    cp = SyntheticControlPlane()
+    cp.objective, cp.baseline = node_objective, dict(base)
+    drive(HeuristicTuner(space, base, node_gpus=node_gpus), cp)
+    full = [{**base, **c} for c in cp.launched]
+    assert full[0] == {TP_: 8, CP_: 2, PP_: 8}  # TP first (catalog order here: the space's)
+    rebalanced = {TP_: 8, CP_: 1, PP_: 8}
+    best = 1000.0 * 1.15 * 1.06
+    if node_gpus:
+        assert full[1] == rebalanced, full  # right after the loss
+        assert cp.leader == pytest.approx(best) and cp.stop is not None
+        assert full.index({TP_: 8, CP_: 1, PP_: 4}) <= 5
+    else:
+        assert full[1] != rebalanced
+
+
+EP_ = "--expert-model-parallel-size"
+
+
+@pytest.mark.parametrize("node_gpus", [8, None])
+def test_heuristic_measures_first_the_value_that_brings_a_node_group_inside_a_node(node_gpus: int | None) -> None:
+    """The expert group spans eight nodes (EP64, expert TP following TP 1); narrowing it helps little until it
+    fits one node of eight GPUs, then a lot (the all-to-all moves onto the node's own links). Nearest values
+    first would rule EP out on EP32 and EP16 and never measure EP8; with the cluster's GPUs per node, the
+    value that brings the group inside a node is measured first."""
+    space = {EP_: [8, 16, 32, 64]}
+    base = {EP_: 64}
+
+    def objective(full: dict[str, Any]) -> tuple[str, float | None]:
+        return "ok", 1000.0 * {64: 1.0, 32: 1.01, 16: 1.02, 8: 1.5}[full[EP_]]
+
+    cp = SyntheticControlPlane()
+    cp.objective, cp.baseline = objective, dict(base)
+    drive(HeuristicTuner(space, base, node_gpus=node_gpus), cp)
+    if node_gpus:
+        assert cp.launched[0] == {EP_: 8} and cp.leader == pytest.approx(1500.0)
+    else:
+        assert {EP_: 8} not in cp.launched and cp.leader == pytest.approx(1000.0)

@@ -245,7 +245,7 @@ def _heuristic(spec: CampaignSpec, seed: int, max_passes: int, knobs: KnobSpace 
                           memory_retry=spec.framework == "megatron-lm" or "--recompute-granularity" in space,
                           base=_base(spec, knobs), cohere=coherent if spec.framework == "megatron-lm" else None,
                           fits=memory_fit(spec), peak=memory_peak(spec), attacks=catalog_attacks(spec, list(space)),
-                          gain_class=catalog_gain_class(spec, list(space)))
+                          gain_class=catalog_gain_class(spec, list(space)), node_gpus=spec.cluster.gpus_per_node)
 
 
 def _memory_estimate(spec: CampaignSpec) -> Callable[[dict[str, ArgValue]], Any] | None:

@@ -20,6 +20,12 @@ memory still, are not launched (`_beyond_oom`); and a value that lost clearly (b
 clear-loss line) is not probed again from a new layout, nor a value past two clear losses in one direction
 the farther of which lost more (`_lost_clearly`).
 
+Node-local groups (`NODE_GROUPS`: TP x CP, expert TP x EP; the catalog keeps them inside a node): a placement
+move that lost after it pushed such a group across nodes is measured again at once as a re-balanced move, the
+group's other degree moved the other way by the same factor so that the data-parallel size stays
+(`_rebalance`); and where the leader's group already crosses nodes, the lever's value that brings it inside
+one is measured first (`_into_node_first`). Both need the cluster's GPUs per node (`node_gpus`).
+
 Levers are taken in the order of `priority` (the catalog's expected-gain order), else in the
 order the campaign declares them.
 """
@@ -31,7 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from attune.core.measure import PRUNER
-from attune.core.recipe import DEGREE_FLAG_NAMES, Recipe
+from attune.core.recipe import DEGREE_FLAG_NAMES, DEGREE_FLAGS, Recipe
 from attune.core.vocab import RunOutcome
 from attune.tuners.base import ArgValue, Candidate, Outcome, Tuner, recipe_key
 from attune.tuners.diagnosis import RECOMPUTE_SHARE_OF_COMPUTE
@@ -47,6 +53,16 @@ FULL_RECOMPUTE: dict[str, ArgValue] = {"--recompute-granularity": "full", "--rec
 NOT_THE_RECIPES = frozenset({RunOutcome.INFRASTRUCTURE, RunOutcome.CANCELLED})
 # Coupled moves queued to pay for one out-of-memory move with more sharding (`_pay_for_memory`).
 PAYERS = 2
+# Re-balanced moves queued for one placement move that lost (`_rebalance`): the move with another placement
+# degree moved the other way by the same factor, so the data-parallel size (and the batch geometry) stays.
+REBALANCERS = 1
+# The groups whose collectives run in every layer and belong inside a node (the catalog: keep TP inside a
+# node, CP crossing nodes slows it, an EP group inside a node rides NVLink); Megatron orders ranks so that
+# each group's ranks are consecutive, so a group fits a node when the product of its degrees does.
+NODE_GROUPS: tuple[tuple[str, ...], ...] = (
+    (DEGREE_FLAGS["tp"], DEGREE_FLAGS["cp"]),
+    (DEGREE_FLAGS["etp"], DEGREE_FLAGS["ep"]),
+)
 # Full recomputation repeats each layer's forward pass: forward 1, backward 2, recompute 1, a quarter of
 # the compute with it (`attune.tuners.diagnosis.RECOMPUTE_SHARE_OF_COMPUTE`, which also gives selective
 # recomputation's share). Going back from full to a lighter recomputation removes at most the difference of
@@ -93,6 +109,27 @@ def _recompute_fixup(full: dict[str, ArgValue], baseline: dict[str, ArgValue]) -
     return out
 
 
+_MISSING = object()
+
+
+def _degree(value: ArgValue) -> int | None:
+    """A parallel degree's value as an int (unset is 1); None where it is not a whole number."""
+    if value in (None, False):
+        return 1
+    try:
+        return int(str(value))
+    except ValueError:
+        return None
+
+
+def _space_value(values: list[ArgValue], degree: int) -> Any:
+    """The space's own spelling of a degree (1 may be spelled unset), or _MISSING."""
+    for v in values:
+        if _degree(v) == degree:
+            return v
+    return _MISSING
+
+
 class HeuristicTuner(Tuner):
     name = "heuristic"
 
@@ -113,6 +150,7 @@ class HeuristicTuner(Tuner):
         attacks: dict[str, list[str]] | None = None,
         gain_class: dict[str, int] | None = None,
         peak: MemoryPeak | None = None,
+        node_gpus: int | None = None,
     ) -> None:
         super().__init__(space, baseline, seed, base)
         # Flags outside the space that a coupled move may set (the pipeline split, recompute details).
@@ -123,6 +161,7 @@ class HeuristicTuner(Tuner):
         self.cohere = cohere
         self.fits = fits
         self.peak = peak
+        self.node_gpus = node_gpus  # GPUs per node: where the node-local groups must fit (`_rebalance`)
         # The memory estimate anchored by measurement: the largest peak of a recipe that ran (the baseline
         # did: it calibrated) and the smallest of one that ran out of memory.
         self.ran_peak: float | None = self._peak_of(self.baseline)
@@ -205,7 +244,26 @@ class HeuristicTuner(Tuner):
         if won is not None and won[1] == cur:
             # The lever won moving from won[0] to cur: going back is what it already measured as slower.
             out = [v for v in out if self._beyond(lever, v, won[1], won[0])]
-        return self._memory_order(lever, out)
+        return self._into_node_first(lever, self._memory_order(lever, out))
+
+    def _into_node_first(self, lever: str, values: list[ArgValue]) -> list[ArgValue]:
+        """Values that bring a node-local group the leader has across nodes back inside one (`NODE_GROUPS`:
+        the catalog's "shrink EP to fit a node", "keep TP inside a node") go first, in their order: a lever is
+        not ruled out on two values that both leave the group across nodes."""
+        if not self.node_gpus or lever not in PLACEMENT_FLAGS:
+            return values
+        leader = self._full(self.leader)
+        crossing = [g for g in self._node_groups_crossing(leader) if lever in g]
+        if not crossing:
+            return values
+
+        def inside(v: ArgValue) -> bool:
+            full: dict[str, ArgValue] | None = {**leader, lever: v}
+            if self.couple is not None and full is not None:
+                full = self.couple(full, lever, v)
+            return full is not None and not any(g in crossing for g in self._node_groups_crossing(full))
+
+        return sorted(values, key=lambda v: 0 if inside(v) else 1)
 
     def _memory_order(self, lever: str, values: list[ArgValue]) -> list[ArgValue]:
         """Among values equally near the leader's, one the memory estimate says will not fit goes second
@@ -502,6 +560,10 @@ class HeuristicTuner(Tuner):
             return
         if self._memory_outcome(candidate, outcome, tok, lever, plain_next):
             return
+        if tok.get("rebalanced"):
+            return  # the lever's value was judged by its own move; its coupled move is one more look at it
+        if outcome.outcome in (RunOutcome.OK, RunOutcome.PRUNED):
+            self._rebalance(candidate.changes, tok, lever)
         # Outcomes arrive out of order when runs overlap: a late outcome of another lever counts against
         # that lever, never against the one being probed now.
         self.failures[lever] = self.failures.get(lever, 0) + 1
@@ -689,6 +751,80 @@ class HeuristicTuner(Tuner):
             n_moved = sum(1 for f in PLACEMENT_FLAGS if str(full.get(f)) != str(origin.get(f)))
             options.append(((0 if fit else 1, n_moved), full, flag, value))
         return sorted(options, key=lambda o: o[0])
+
+    def _node_groups_crossing(self, full: dict[str, ArgValue]) -> list[tuple[str, ...]]:
+        """The node-local groups (`NODE_GROUPS`) whose ranks span more than one node in this recipe."""
+        if not self.node_gpus:
+            return []
+        out = []
+        for group in NODE_GROUPS:
+            size = 1
+            for flag in group:
+                value = full.get(flag)
+                if value in (None, False) and flag == DEGREE_FLAGS["etp"]:
+                    value = full.get(DEGREE_FLAGS["tp"])  # expert TP unset follows TP
+                d = _degree(value)
+                size *= d or 1
+            if size > self.node_gpus:
+                out.append(group)
+        return out
+
+    def _rebalance(self, changes: dict[str, ArgValue], tok: dict[str, Any], lever: str) -> bool:
+        """A coupled move, first-class: a placement degree's move that ran and lost after it pushed a
+        node-local group across nodes (TP x CP, the tensor and context collectives of every layer; ETP x EP,
+        the expert all-to-all: the catalog keeps them inside a node), measured again with the group's other
+        degree moved the other way by the same factor, so the group fits its node again and the
+        data-parallel size and batch geometry stay. Only a move of the lever's own value (not a retry or
+        another coupled move), and only a re-balance the memory estimate does not say fails, at most
+        `REBALANCERS` of them. It runs next, as the lever's own coupled move, and its outcome never counts
+        against the lever (rule 4's two values are two values)."""
+        if lever not in PLACEMENT_FLAGS or "value" not in tok or tok.get("retried") or tok.get("paid"):
+            return False
+        origin = self._full(changes)
+        new, old = _degree(origin.get(lever)), _degree(self._value(lever))
+        if new is None or old is None or new <= old:
+            return False
+        before = self._node_groups_crossing(self._full(self.leader))
+        crossing = [g for g in self._node_groups_crossing(origin) if g not in before and lever in g]
+        options: list[tuple[tuple[int, int], dict[str, ArgValue], str, ArgValue]] = []
+        for flag in (f for g in crossing for f in g):
+            if flag == lever or flag not in self.space:
+                continue
+            cur = _degree(origin.get(flag))
+            if cur is None or (cur * old) % new:
+                continue
+            value = _space_value(self.space[flag], cur * old // new)
+            if value is _MISSING:
+                continue
+            full: dict[str, ArgValue] | None = {**origin, flag: value}
+            if self.couple is not None and full is not None:
+                full = self.couple(full, flag, value)
+            if full is None or str(full.get(lever)) != str(origin.get(lever)):
+                continue
+            if sum(1 for f in PLACEMENT_FLAGS if _degree(full.get(f)) != _degree(origin.get(f))) > 1:
+                continue  # only the partner moves: the data-parallel size stays
+            full = self._coherent(full, origin)
+            fit = self._fit(full)
+            if fit is False or self._node_groups_crossing(full):
+                continue
+            options.append(((0 if fit else 1, self.order.index(flag)), full, flag, value))
+        queued = 0
+        for _, full, flag, value in sorted(options, key=lambda o: o[0]):
+            if queued >= REBALANCERS:
+                break
+            diff = self.diff(full)
+            key = self.key(diff)
+            if key in self.tried:
+                continue
+            self.tried.add(key)
+            self.pending_retry.append(Candidate(
+                changes=diff, lever=lever,
+                hypothesis=(f"re-balanced move: {lever}={tok['value']} lost with its node-local group across "
+                            f"nodes; move {flag} to {value} with it, so the group fits a node of "
+                            f"{self.node_gpus} GPUs and the data-parallel size stays"),
+                token={**tok, "rebalanced": True}))
+            queued += 1
+        return queued > 0
 
     def _beyond(self, lever: str, value: ArgValue, won_value: ArgValue, prev: ArgValue) -> bool:
         """Whether `value` lies further along the direction that took `prev` to `won_value`."""
