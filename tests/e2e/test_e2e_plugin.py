@@ -183,6 +183,12 @@ def test_first_campaign_through_the_installed_plugin_ships_a_gated_recipe(claude
         for lever, change, hypothesis in plan:
             yield from a.call(mcp("launch_candidate"), {"changes": {"args": change}, "hypothesis": hypothesis,
                                                         "lever": lever, "expected_gain": 0.3, "base": base})
+            if a.data().get("code") == "rule2_one_lever" and base != "baseline":
+                # Stacked on a candidate that did not lead, it moves two levers from the leader (the baseline):
+                # as the refusal says, launch it from the leader instead.
+                seen.setdefault("rule2_refusals", []).append(a.data().get("reason"))
+                yield from a.call(mcp("launch_candidate"), {"changes": {"args": change}, "hypothesis": hypothesis,
+                                                            "lever": lever, "expected_gain": 0.3, "base": "baseline"})
             seen["launch"] = (a.data(), a.is_error, a.out)
             run_id = a.data().get("run_id")
             if not run_id:
