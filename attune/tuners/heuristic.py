@@ -707,23 +707,15 @@ class HeuristicTuner(Tuner):
         options = self._payers(origin, lever, moved)
         if options and options[0][0][0] == 1:
             options = options[:1]
-        queued = 0
-        for _, full, flag, value in options:
-            if queued >= PAYERS:
-                break
-            changes = self.diff(full)
-            key = self.key(changes)
-            if key in self.tried:
-                continue
-            self.tried.add(key)
+        fresh = self._fresh(options, PAYERS)
+        for changes, flag, value in fresh:
             self.deferred.append((here, Candidate(
                 changes=changes, lever=lever,
                 hypothesis=(f"coupled move: {lever}={moved} ran out of memory; pay for it with {flag}={value} "
                             "(more sharding) instead of the memory saving it dropped"),
                 token={**tok, "retried": True, "paid": True},
             )))
-            queued += 1
-        return queued > 0
+        return bool(fresh)
 
     def _payers(self, origin: dict[str, ArgValue], lever: str, moved: ArgValue
                 ) -> list[tuple[tuple[int, int], dict[str, ArgValue], str, ArgValue]]:
@@ -769,6 +761,21 @@ class HeuristicTuner(Tuner):
                 out.append(group)
         return out
 
+    def _fresh(self, options: list[tuple[Any, dict[str, ArgValue], str, ArgValue]], limit: int
+               ) -> list[tuple[dict[str, ArgValue], str, ArgValue]]:
+        """The first `limit` options (rank, flags, the degree that moves, its value) whose recipe was never
+        tried, as (changes, degree, value); each is marked tried."""
+        out: list[tuple[dict[str, ArgValue], str, ArgValue]] = []
+        for _, full, flag, value in options:
+            if len(out) >= limit:
+                break
+            changes = self.diff(full)
+            key = self.key(changes)
+            if key not in self.tried:
+                self.tried.add(key)
+                out.append((changes, flag, value))
+        return out
+
     def _rebalance(self, changes: dict[str, ArgValue], tok: dict[str, Any], lever: str) -> bool:
         """A coupled move, first-class: a placement degree's move that ran and lost after it pushed a
         node-local group across nodes (TP x CP, the tensor and context collectives of every layer; ETP x EP,
@@ -808,23 +815,15 @@ class HeuristicTuner(Tuner):
             if fit is False or self._node_groups_crossing(full):
                 continue
             options.append(((0 if fit else 1, self.order.index(flag)), full, flag, value))
-        queued = 0
-        for _, full, flag, value in sorted(options, key=lambda o: o[0]):
-            if queued >= REBALANCERS:
-                break
-            diff = self.diff(full)
-            key = self.key(diff)
-            if key in self.tried:
-                continue
-            self.tried.add(key)
+        fresh = self._fresh(sorted(options, key=lambda o: o[0]), REBALANCERS)
+        for diff, flag, value in fresh:
             self.pending_retry.append(Candidate(
                 changes=diff, lever=lever,
                 hypothesis=(f"re-balanced move: {lever}={tok['value']} lost with its node-local group across "
                             f"nodes; move {flag} to {value} with it, so the group fits a node of "
                             f"{self.node_gpus} GPUs and the data-parallel size stays"),
                 token={**tok, "rebalanced": True}))
-            queued += 1
-        return queued > 0
+        return bool(fresh)
 
     def _beyond(self, lever: str, value: ArgValue, won_value: ArgValue, prev: ArgValue) -> bool:
         """Whether `value` lies further along the direction that took `prev` to `won_value`."""
