@@ -444,6 +444,8 @@ def test_heuristic_rebalances_a_move_that_pushed_its_node_group_across_nodes(nod
         assert full[1] == rebalanced, full  # right after the loss
         assert cp.leader == pytest.approx(best) and cp.stop is not None
         assert full.index({TP_: 8, CP_: 1, PP_: 4}) <= 5
+        # the partner keeps the direction that won: CP is not moved back across the node from TP8
+        assert not [f for f in full[2:] if f[TP_] == 8 and f[CP_] > 1], full
     else:
         assert full[1] != rebalanced
 

@@ -591,6 +591,11 @@ class HeuristicTuner(Tuner):
         old = self._value(lever)
         was = self._layout()
         self.win_dir[lever] = (old, tok.get("value"))
+        partner = tok.get("partner") if tok.get("rebalanced") else None
+        if partner is not None:
+            # A re-balanced move won: its partner degree moved too, and going back on it is going back across
+            # the node it left (what the move's own loss measured), so it keeps the direction that won as well.
+            self.win_dir[partner[0]] = (partner[1], partner[2])
         self.leader = dict(candidate.changes)
         self.win_layout[lever] = self._layout()
         self.improved_this_pass = True
@@ -822,7 +827,7 @@ class HeuristicTuner(Tuner):
                 hypothesis=(f"re-balanced move: {lever}={tok['value']} lost with its node-local group across "
                             f"nodes; move {flag} to {value} with it, so the group fits a node of "
                             f"{self.node_gpus} GPUs and the data-parallel size stays"),
-                token={**tok, "rebalanced": True}))
+                token={**tok, "rebalanced": True, "partner": (flag, origin.get(flag), value)}))
         return bool(fresh)
 
     def _beyond(self, lever: str, value: ArgValue, won_value: ArgValue, prev: ArgValue) -> bool:
