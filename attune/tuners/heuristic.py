@@ -781,6 +781,30 @@ class HeuristicTuner(Tuner):
                 out.append((changes, flag, value))
         return out
 
+    def _rebalanced(self, origin: dict[str, ArgValue], lever: str, flag: str, new: int, old: int
+                    ) -> tuple[tuple[int, int], dict[str, ArgValue], str, ArgValue] | None:
+        """`origin` (the lost move, `lever` old -> new) with `flag` moved the other way by the same factor, as
+        (rank, flags, flag, value); None where no feasible recipe does that alone, it undoes the move, the
+        memory estimate says it fails, or a node-local group still crosses nodes."""
+        cur = _degree(origin.get(flag))
+        if cur is None or (cur * old) % new:
+            return None
+        value = _space_value(self.space[flag], cur * old // new)
+        if value is _MISSING:
+            return None
+        full: dict[str, ArgValue] | None = {**origin, flag: value}
+        if self.couple is not None and full is not None:
+            full = self.couple(full, flag, value)
+        if full is None or str(full.get(lever)) != str(origin.get(lever)):
+            return None
+        if sum(1 for f in PLACEMENT_FLAGS if _degree(full.get(f)) != _degree(origin.get(f))) > 1:
+            return None  # only the partner moves: the data-parallel size stays
+        full = self._coherent(full, origin)
+        fit = self._fit(full)
+        if fit is False or self._node_groups_crossing(full):
+            return None
+        return (0 if fit else 1, self.order.index(flag)), full, flag, value
+
     def _rebalance(self, changes: dict[str, ArgValue], tok: dict[str, Any], lever: str) -> bool:
         """A coupled move, first-class: a placement degree's move that ran and lost after it pushed a
         node-local group across nodes (TP x CP, the tensor and context collectives of every layer; ETP x EP,
@@ -798,28 +822,8 @@ class HeuristicTuner(Tuner):
             return False
         before = self._node_groups_crossing(self._full(self.leader))
         crossing = [g for g in self._node_groups_crossing(origin) if g not in before and lever in g]
-        options: list[tuple[tuple[int, int], dict[str, ArgValue], str, ArgValue]] = []
-        for flag in (f for g in crossing for f in g):
-            if flag == lever or flag not in self.space:
-                continue
-            cur = _degree(origin.get(flag))
-            if cur is None or (cur * old) % new:
-                continue
-            value = _space_value(self.space[flag], cur * old // new)
-            if value is _MISSING:
-                continue
-            full: dict[str, ArgValue] | None = {**origin, flag: value}
-            if self.couple is not None and full is not None:
-                full = self.couple(full, flag, value)
-            if full is None or str(full.get(lever)) != str(origin.get(lever)):
-                continue
-            if sum(1 for f in PLACEMENT_FLAGS if _degree(full.get(f)) != _degree(origin.get(f))) > 1:
-                continue  # only the partner moves: the data-parallel size stays
-            full = self._coherent(full, origin)
-            fit = self._fit(full)
-            if fit is False or self._node_groups_crossing(full):
-                continue
-            options.append(((0 if fit else 1, self.order.index(flag)), full, flag, value))
+        options = [opt for flag in (f for g in crossing for f in g) if flag != lever and flag in self.space
+                   if (opt := self._rebalanced(origin, lever, flag, new, old)) is not None]
         fresh = self._fresh(sorted(options, key=lambda o: o[0]), REBALANCERS)
         for diff, flag, value in fresh:
             self.pending_retry.append(Candidate(
