@@ -472,3 +472,26 @@ def test_heuristic_measures_first_the_value_that_brings_a_node_group_inside_a_no
         assert cp.launched[0] == {EP_: 8} and cp.leader == pytest.approx(1500.0)
     else:
         assert {EP_: 8} not in cp.launched and cp.leader == pytest.approx(1000.0)
+
+
+def test_heuristic_reaches_a_narrower_tp_whose_memory_needs_a_pipeline_two_steps_deeper() -> None:
+    """A narrower TP needs TP x PP >= 8 shards: TP2 is paid for by the next pipeline depth up (PP4), and TP1 needs
+    PP8, two steps up from the baseline's PP2. The search gets there one paid step at a time (TP2/PP4 leads, then
+    TP1 from it is paid for by PP8), with no recomputation lever to fall back on."""
+    space = {TP_: [1, 2, 4], PP_: [1, 2, 4, 8]}
+    base = {TP_: 4, PP_: 2}
+
+    def objective(full: dict[str, Any]) -> tuple[str, float | None]:
+        tp, pp = full[TP_], full[PP_]
+        if tp * pp < 8:
+            return "oom", None
+        return "ok", 1000.0 * {4: 1.0, 2: 1.2, 1: 1.4}[tp] * {1: 1.0, 2: 0.99, 4: 0.98, 8: 0.97}[pp]
+
+    def fits(f: dict[str, Any]) -> bool:  # the memory estimate: here exact
+        return objective({**base, **f})[0] != "oom"
+
+    cp = SyntheticControlPlane()
+    cp.objective, cp.baseline = objective, dict(base)
+    drive(HeuristicTuner(space, base, fits=fits, memory_retry=False), cp)
+    assert {TP_: 1, PP_: 8} in cp.launched, cp.launched
+    assert cp.leader == pytest.approx(1000.0 * 1.4 * 0.97)
