@@ -495,3 +495,23 @@ def test_heuristic_reaches_a_narrower_tp_whose_memory_needs_a_pipeline_two_steps
     drive(HeuristicTuner(space, base, fits=fits, memory_retry=False), cp)
     assert {TP_: 1, PP_: 8} in cp.launched, cp.launched
     assert cp.leader == pytest.approx(1000.0 * 1.4 * 0.97)
+
+
+def test_heuristic_measures_a_value_back_inside_the_node_after_the_layout_moved_on() -> None:
+    """EP won going up (4 -> 32, across nodes) while CP was 8; once CP 1 leads, the layout has moved on and the
+    expert group crosses nodes: EP8, back inside a node of eight GPUs, is measured though it lies in the direction
+    EP's earlier win measured as slower (that win was measured on another layout)."""
+    space = {EP_: [4, 8, 16, 32], CP_: [1, 8]}
+    base = {EP_: 4, CP_: 8}
+
+    def objective(full: dict[str, Any]) -> tuple[str, float | None]:
+        ep, cp = full[EP_], full[CP_]
+        if cp == 8:
+            return "ok", 1000.0 * {4: 1.0, 8: 1.18, 16: 1.25, 32: 1.30}[ep]
+        return "ok", 4000.0 * {4: 1.1, 8: 1.3, 16: 1.05, 32: 1.0}[ep]
+
+    cp = SyntheticControlPlane()
+    cp.objective, cp.baseline = objective, dict(base)
+    drive(HeuristicTuner(space, base, node_gpus=8), cp)
+    assert {EP_: 8, CP_: 1} in cp.launched, cp.launched
+    assert cp.leader == pytest.approx(5200.0)

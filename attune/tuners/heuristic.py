@@ -242,28 +242,33 @@ class HeuristicTuner(Tuner):
             out = [v for v in values if v != cur]
         won = self.win_dir.get(lever)
         if won is not None and won[1] == cur:
-            # The lever won moving from won[0] to cur: going back is what it already measured as slower.
-            out = [v for v in out if self._beyond(lever, v, won[1], won[0])]
+            # The lever won moving from won[0] to cur: going back is what it already measured as slower. Not
+            # for a value that brings a crossing node-local group inside a node once the layout has moved on
+            # since that win: the win was measured with the group elsewhere.
+            moved_on = self.win_layout.get(lever) not in (None, self._layout())
+            out = [v for v in out if self._beyond(lever, v, won[1], won[0])
+                   or (moved_on and self._brings_inside(lever, v))]
         return self._into_node_first(lever, self._memory_order(lever, out))
+
+    def _brings_inside(self, lever: str, value: ArgValue) -> bool:
+        """Whether moving `lever` to `value` from the leader brings a node-local group that crosses nodes (and
+        holds the lever) inside one."""
+        if not self.node_gpus or lever not in PLACEMENT_FLAGS:
+            return False
+        leader = self._full(self.leader)
+        crossing = [g for g in self._node_groups_crossing(leader) if lever in g]
+        if not crossing:
+            return False
+        full: dict[str, ArgValue] | None = {**leader, lever: value}
+        if self.couple is not None and full is not None:
+            full = self.couple(full, lever, value)
+        return full is not None and not any(g in crossing for g in self._node_groups_crossing(full))
 
     def _into_node_first(self, lever: str, values: list[ArgValue]) -> list[ArgValue]:
         """Values that bring a node-local group the leader has across nodes back inside one (`NODE_GROUPS`:
         the catalog's "shrink EP to fit a node", "keep TP inside a node") go first, in their order: a lever is
         not ruled out on two values that both leave the group across nodes."""
-        if not self.node_gpus or lever not in PLACEMENT_FLAGS:
-            return values
-        leader = self._full(self.leader)
-        crossing = [g for g in self._node_groups_crossing(leader) if lever in g]
-        if not crossing:
-            return values
-
-        def inside(v: ArgValue) -> bool:
-            full: dict[str, ArgValue] | None = {**leader, lever: v}
-            if self.couple is not None and full is not None:
-                full = self.couple(full, lever, v)
-            return full is not None and not any(g in crossing for g in self._node_groups_crossing(full))
-
-        return sorted(values, key=lambda v: 0 if inside(v) else 1)
+        return sorted(values, key=lambda v: 0 if self._brings_inside(lever, v) else 1)
 
     def _memory_order(self, lever: str, values: list[ArgValue]) -> list[ArgValue]:
         """Among values equally near the leader's, one the memory estimate says will not fit goes second
