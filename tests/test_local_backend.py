@@ -154,6 +154,32 @@ def test_a_restarted_backend_adopts_its_jobs(tmp_path: Path) -> None:
         second.status(str(tmp_path / "nothing"))
 
 
+def test_a_forged_pid_in_the_run_directory_is_never_signalled(tmp_path: Path) -> None:
+    """backend.json lies in the run directory, which the job may write: a job that rewrites its pid to another
+    process (here one of the test's own, leading its own group, like a job would) does not get that process
+    killed by a restarted broker's cancel. Its recorded pid runs another script, so the job counts as gone."""
+    first = LocalBackend(slots=1)
+    (tmp_path / "liar").mkdir()
+    (tmp_path / "liar" / "job.json").write_text('{"run_id": "liar", "campaign": "c", "gpus": 1}')
+    bid = first.submit(job(tmp_path, "liar", "import time; print('x', flush=True); time.sleep(300)"))
+    wait_for(lambda: (tmp_path / "liar" / "log.txt").exists() and (tmp_path / "liar" / "log.txt").stat().st_size > 0)
+    victim = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        meta = tmp_path / "liar" / "backend.json"
+        forged = meta.read_text().replace(f'"pid": {first._jobs[bid].pid}', f'"pid": {victim.pid}')
+        assert str(victim.pid) in forged
+        meta.write_text(forged)
+        second = LocalBackend(slots=1, kill_grace_s=0.2)  # the broker restarted
+        assert second.status(bid).state != JobState.RUNNING
+        second.cancel(bid)
+        time.sleep(0.5)
+        assert victim.poll() is None  # still running
+    finally:
+        victim.kill()
+        victim.wait()
+        first.cancel(bid)
+
+
 def test_render_is_a_script_a_person_can_run(tmp_path: Path) -> None:
     b = LocalBackend(slots=1)
     spec = job(tmp_path, "by-hand", "import os; print(os.environ['JOB_NAME'], os.getcwd())")

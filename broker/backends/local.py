@@ -118,6 +118,22 @@ def _pgroup_alive(pgid: int) -> bool:
     return False
 
 
+def _job_leader(pid: object, run_dir: Path) -> int | None:
+    """The pid recorded in a run's backend.json, if it is this run's job: a live process that leads its own
+    process group and runs this run's script. The run directory is the job's to write, so a recorded pid is a
+    claim, not a fact: a forged one (the broker's, init's, another job's) is never signalled. None: no such
+    process (the job is gone)."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
+        return None
+    try:
+        if os.getpgid(pid) != pid:
+            return None
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ProcessLookupError):
+        return None
+    return pid if str(run_dir.resolve() / SCRIPT_FILE).encode() in cmd else None
+
+
 def _kill_group(pgid: int, sig: int, known: proctree.Known | None = None, walk: bool = True) -> None:
     """Signal the job's process group, and every process of its tree (as recorded in `known`, which is
     brought up to date): ranks that a launcher started in sessions of their own are in the tree only.
@@ -281,7 +297,10 @@ class LocalBackend:
                 job.reason = "cancelled while waiting for slots"
                 return
             pgid = job.pid
-        assert pgid is not None
+            if pgid is None:  # an adopted job whose recorded pid is not its own (gone, or forged): nothing to signal
+                job.state, job.ended_at = JobState.CANCELLED, time.time()
+                job.reason = "cancelled: its process was already gone"
+                return
         # The tree as well as the group: a launcher such as torchrun puts each rank in a session of its own.
         known = proctree.tree(pgid)
         _kill_group(pgid, signal.SIGTERM, known)
@@ -368,7 +387,7 @@ class LocalBackend:
         spec = job.spec
         try:
             proc = subprocess.Popen(
-                [*self.sandbox_command(spec), "/bin/sh", str(spec.run_dir / SCRIPT_FILE)],
+                [*self.sandbox_command(spec), "/bin/sh", str(spec.run_dir.resolve() / SCRIPT_FILE)],
                 cwd=str(spec.run_dir),
                 env=self._base_env(),
                 stdin=subprocess.DEVNULL,
@@ -401,8 +420,8 @@ class LocalBackend:
             run_dir=run_dir, gpus=int(meta.get("gpus", doc.get("gpus", 1))),
             gpus_per_node=int(doc.get("gpus_per_node", 1)), time_limit_s=doc.get("time_limit_s"),
         )
-        job = _Job(spec=spec, backend_id=backend_id, state=JobState.RUNNING, pid=int(meta["pid"]),
-                   started_at=float(meta["started_at"]), adopted=True)
+        job = _Job(spec=spec, backend_id=backend_id, state=JobState.RUNNING,
+                   pid=_job_leader(meta.get("pid"), run_dir), started_at=float(meta["started_at"]), adopted=True)
         self._jobs[backend_id] = job
         self._reap(job)
         return job
