@@ -24,7 +24,9 @@ Node-local groups (`NODE_GROUPS`: TP x CP, expert TP x EP; the catalog keeps the
 move that lost after it pushed such a group across nodes is measured again at once as a re-balanced move, the
 group's other degree moved the other way by the same factor so that the data-parallel size stays
 (`_rebalance`); and where the leader's group already crosses nodes, the lever's value that brings it inside
-one is measured first (`_into_node_first`). Both need the cluster's GPUs per node (`node_gpus`).
+one is measured first (`_into_node_first`), also when it lies behind a win measured on an earlier layout;
+a re-balanced move that wins keeps its partner degree's direction too. All need the cluster's GPUs per node
+(`node_gpus`).
 
 Levers are taken in the order of `priority` (the catalog's expected-gain order), else in the
 order the campaign declares them.
@@ -37,7 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from attune.core.measure import PRUNER
-from attune.core.recipe import DEGREE_FLAG_NAMES, DEGREE_FLAGS, Recipe
+from attune.core.recipe import DEGREE_FLAG_NAMES, DEGREE_FLAGS, Recipe, as_int
 from attune.core.vocab import RunOutcome
 from attune.tuners.base import ArgValue, Candidate, Outcome, Tuner, recipe_key
 from attune.tuners.diagnosis import RECOMPUTE_SHARE_OF_COMPUTE
@@ -112,20 +114,10 @@ def _recompute_fixup(full: dict[str, ArgValue], baseline: dict[str, ArgValue]) -
 _MISSING = object()
 
 
-def _degree(value: ArgValue) -> int | None:
-    """A parallel degree's value as an int (unset is 1); None where it is not a whole number."""
-    if value in (None, False):
-        return 1
-    try:
-        return int(str(value))
-    except ValueError:
-        return None
-
-
 def _space_value(values: list[ArgValue], degree: int) -> Any:
     """The space's own spelling of a degree (1 may be spelled unset), or _MISSING."""
     for v in values:
-        if _degree(v) == degree:
+        if as_int(v, 1) == degree:
             return v
     return _MISSING
 
@@ -765,8 +757,7 @@ class HeuristicTuner(Tuner):
                 value = full.get(flag)
                 if value in (None, False) and flag == DEGREE_FLAGS["etp"]:
                     value = full.get(DEGREE_FLAGS["tp"])  # expert TP unset follows TP
-                d = _degree(value)
-                size *= d or 1
+                size *= as_int(value, 1)
             if size > self.node_gpus:
                 out.append(group)
         return out
@@ -791,8 +782,8 @@ class HeuristicTuner(Tuner):
         """`origin` (the lost move, `lever` old -> new) with `flag` moved the other way by the same factor, as
         (rank, flags, flag, value); None where no feasible recipe does that alone, it undoes the move, the
         memory estimate says it fails, or a node-local group still crosses nodes."""
-        cur = _degree(origin.get(flag))
-        if cur is None or (cur * old) % new:
+        cur = as_int(origin.get(flag), 1)
+        if (cur * old) % new:
             return None
         value = _space_value(self.space[flag], cur * old // new)
         if value is _MISSING:
@@ -802,7 +793,7 @@ class HeuristicTuner(Tuner):
             full = self.couple(full, flag, value)
         if full is None or str(full.get(lever)) != str(origin.get(lever)):
             return None
-        if sum(1 for f in PLACEMENT_FLAGS if _degree(full.get(f)) != _degree(origin.get(f))) > 1:
+        if sum(1 for f in PLACEMENT_FLAGS if as_int(full.get(f), 1) != as_int(origin.get(f), 1)) > 1:
             return None  # only the partner moves: the data-parallel size stays
         full = self._coherent(full, origin)
         fit = self._fit(full)
@@ -822,8 +813,8 @@ class HeuristicTuner(Tuner):
         if lever not in PLACEMENT_FLAGS or "value" not in tok or tok.get("retried") or tok.get("paid"):
             return False
         origin = self._full(changes)
-        new, old = _degree(origin.get(lever)), _degree(self._value(lever))
-        if new is None or old is None or new <= old:
+        new, old = as_int(origin.get(lever), 1), as_int(self._value(lever), 1)
+        if new <= old:
             return False
         before = self._node_groups_crossing(self._full(self.leader))
         crossing = [g for g in self._node_groups_crossing(origin) if g not in before and lever in g]

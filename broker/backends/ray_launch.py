@@ -102,8 +102,10 @@ def main() -> int:
             return out, (self.proc.wait() if done and self.proc is not None else None)
 
         def stop(self, grace_s: float) -> None:
-            """SIGTERM to the node script's whole process tree, SIGKILL to what is left after the grace."""
-            if self.proc is None:
+            """SIGTERM to the node script's whole process tree, SIGKILL to what is left after the grace. A script
+            that has ended is not walked (its pid may be another process's by now): what it left behind is the
+            watchdog's, which recorded its tree while it ran."""
+            if self.proc is None or self.proc.poll() is not None:
                 return
             helpers: dict[str, object] = {"__name__": "proctree"}
             exec(_proctree_source(), helpers)  # noqa: S102 - the backend's own file, shipped with this one
