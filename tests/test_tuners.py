@@ -515,3 +515,90 @@ def test_heuristic_measures_a_value_back_inside_the_node_after_the_layout_moved_
     drive(HeuristicTuner(space, base, node_gpus=8), cp)
     assert {EP_: 8, CP_: 1} in cp.launched, cp.launched
     assert cp.leader == pytest.approx(5200.0)
+
+
+@pytest.mark.parametrize("node_gpus", [8, None])
+def test_heuristic_measures_first_a_degree_whose_feasible_layout_brings_a_group_inside_a_node(
+        node_gpus: int | None) -> None:
+    """64 GPUs, experts across eight nodes (EP64 at PP1). A deeper pipeline leaves fewer data-parallel ranks, so
+    its nearest feasible layout narrows EP with it (PP8 -> EP8): that value of PP, the one that brings the expert
+    group inside a node, is measured first, though PP itself is in no node-local group. Narrowing EP alone runs
+    out of memory (the experts need PP x EP >= 64 shards) and deepening the pipeline a step at a time loses."""
+    space = {PP_: [1, 2, 4, 8], EP_: [8, 16, 32, 64]}
+    base = {PP_: 1, EP_: 64}
+
+    def couple(full: dict[str, Any], lever: str, value: Any) -> dict[str, Any] | None:
+        out = dict(full)
+        if lever == PP_:
+            out[EP_] = min(out[EP_], 64 // value)
+        return out if out[PP_] * out[EP_] <= 64 else None
+
+    def objective(full: dict[str, Any]) -> tuple[str, float | None]:
+        pp, ep = full[PP_], full[EP_]
+        if pp * ep < 64:
+            return "oom", None
+        inside = 1.5 if ep <= 8 else {64: 1.0, 32: 1.01, 16: 1.02}[ep]
+        return "ok", 1000.0 * {1: 1.0, 2: 0.98, 4: 0.96, 8: 0.94}[pp] * inside
+
+    cp = SyntheticControlPlane()
+    cp.objective, cp.baseline = objective, dict(base)
+    drive(HeuristicTuner(space, base, couple=couple, node_gpus=node_gpus), cp)
+    if node_gpus:
+        assert cp.launched[0] == {PP_: 8, EP_: 8}, cp.launched
+        assert cp.leader == pytest.approx(1000.0 * 0.94 * 1.5)
+    else:
+        assert cp.launched[0] != {PP_: 8, EP_: 8}, cp.launched
+
+
+def test_heuristic_pays_for_memory_with_the_smallest_step_up_the_estimate_says_fits() -> None:
+    """TP1 alone runs out of memory and needs TP x PP >= 4, two pipeline steps up; TP2 (one step up) is no
+    faster, so no leader on the way carries the search there. The coupled move that pays for TP1 takes the
+    smallest pipeline depth the memory estimate says fits (PP4), not the next one (PP2), which does not."""
+    space = {TP_: [1, 2, 4], PP_: [1, 2, 4, 8]}
+    base = {TP_: 4, PP_: 1}
+
+    def objective(full: dict[str, Any]) -> tuple[str, float | None]:
+        tp, pp = full[TP_], full[PP_]
+        if tp * pp < 4:
+            return "oom", None
+        return "ok", 1000.0 * {4: 1.0, 2: 0.98, 1: 1.4}[tp] * {1: 1.0, 2: 0.99, 4: 0.98, 8: 0.97}[pp]
+
+    def fits(f: dict[str, Any]) -> bool:  # the memory estimate: here exact
+        return objective({**base, **f})[0] != "oom"
+
+    cp = SyntheticControlPlane()
+    cp.objective, cp.baseline = objective, dict(base)
+    drive(HeuristicTuner(space, base, fits=fits, memory_retry=False), cp)
+    assert {TP_: 1, PP_: 4} in cp.launched, cp.launched
+    assert cp.leader == pytest.approx(1000.0 * 1.4 * 0.98)
+
+
+def test_heuristic_retests_on_the_final_layout_a_value_that_won_along_with_another_lever() -> None:
+    """TP2 ran out of memory under selective recomputation and rule 5's retry (full recomputation added back)
+    led: full recomputation won with TP on TP2/PP1. Selective recomputation then led again, paid for with PP2:
+    the final layout is TP2/PP2 and the recompute lever's own win ran from full to selective there. The control
+    plane's stop rule 6 asks for every flag a winner changed to be measured on the final layout, so the tuner
+    measures full recomputation on TP2/PP2 once before it stops (it would otherwise never: going back on the
+    lever's own win is what it measured as slower)."""
+    from attune.tuners.base import Outcome
+
+    space = {TP_: [1, 2, 4], PP_: [1, 2], RG_: ["selective", "full"]}
+    base = {TP_: 4, PP_: 1, RG_: "selective"}
+    tuner = HeuristicTuner(space, base)
+    retry = Candidate(changes={TP_: 2, RG_: "full"}, lever=TP_, hypothesis="rule 5 retry",
+                      token={"lever": TP_, "value": 2, "retried": True, "oom_changes": {TP_: 2}})
+    tuner.tried.add(tuner.key(retry.changes))
+    tuner.tell(retry, Outcome("r1", "ok", 1040.0, valid=True, promoted=True))
+    paid = Candidate(changes={TP_: 2, PP_: 2}, lever=RG_, hypothesis="coupled move",
+                     token={"lever": RG_, "value": "selective", "retried": True, "paid": True})
+    tuner.tried.add(tuner.key(paid.changes))
+    tuner.tell(paid, Outcome("r2", "ok", 1261.0, valid=True, promoted=True))
+    asked = []
+    for n in range(40):
+        cand = tuner.ask()
+        if cand is None:
+            break
+        asked.append({k: {**base, **cand.changes}.get(k) for k in space})
+        tuner.tell(cand, Outcome(f"q{n}", "ok", 1000.0, valid=True, extra={"leader_tps": 1261.0}))
+    assert {TP_: 2, PP_: 2, RG_: "full"} in asked, asked
+    assert asked.count({TP_: 2, PP_: 2, RG_: "full"}) == 1, asked

@@ -163,6 +163,13 @@ class HeuristicTuner(Tuner):
         self.win_dir: dict[str, tuple[ArgValue, ArgValue]] = {}  # lever -> (from, to) of its last win
         self.win_layout: dict[str, str] = {}  # lever -> the layout it won on
         self.retest_done = False
+        # (lever, the value that won, the layout it won on), every win and every lever a winner changed with
+        # its own (rule 6 re-tests those won on another layout whose value the final leader does not carry)
+        self.wins_seen: list[tuple[str, ArgValue, str]] = []
+        self.retest_values: dict[str, list[ArgValue]] = {}
+        self.must_measure: set[tuple[str, str]] = set()
+        # (layout, lever, value) of every measured run: what rule 6 need not measure again
+        self.measured_at: set[tuple[str, str, str]] = set()
         self.measured: list[str] = []  # levers with at least one measured candidate
         self.moved: dict[str, set[ArgValue]] = {}  # parallel degree -> the values launched candidates ran with
         self.probed: set[str] = set()  # degrees rule 4's last check has probed
@@ -243,18 +250,22 @@ class HeuristicTuner(Tuner):
         return self._into_node_first(lever, self._memory_order(lever, out))
 
     def _brings_inside(self, lever: str, value: ArgValue) -> bool:
-        """Whether moving `lever` to `value` from the leader brings a node-local group that crosses nodes (and
-        holds the lever) inside one."""
+        """Whether moving `lever` to `value` from the leader brings a node-local group that crosses nodes inside
+        one, at the move's nearest feasible layout (the group may hold the lever, or follow it: a deeper
+        pipeline leaves fewer data-parallel ranks for the experts), and pushes no other group across."""
         if not self.node_gpus or lever not in PLACEMENT_FLAGS:
             return False
         leader = self._full(self.leader)
-        crossing = [g for g in self._node_groups_crossing(leader) if lever in g]
+        crossing = self._node_groups_crossing(leader)
         if not crossing:
             return False
         full: dict[str, ArgValue] | None = {**leader, lever: value}
         if self.couple is not None and full is not None:
             full = self.couple(full, lever, value)
-        return full is not None and not any(g in crossing for g in self._node_groups_crossing(full))
+        if full is None:
+            return False
+        after = self._node_groups_crossing(full)
+        return len(after) < len(crossing) and all(g in crossing for g in after)
 
     def _into_node_first(self, lever: str, values: list[ArgValue]) -> list[ArgValue]:
         """Values that bring a node-local group the leader has across nodes back inside one (`NODE_GROUPS`:
@@ -485,29 +496,42 @@ class HeuristicTuner(Tuner):
                 # Rule 6, and only what it asks: a lever that won on an earlier layout and whose winning
                 # value the leader no longer carries is re-tested once on the final layout. Levers ruled
                 # out on this layout are never run through again.
-                self._start_pass()
-                self.retest_done = True
-                here = self._layout()
-                self._lever_iter = deque(
-                    lv for lv in self.won
-                    if lv not in DEGREE_FLAG_NAMES and self.win_layout.get(lv) != here
-                    and self._value(lv) != self.win_dir[lv][1] and (here, lv) not in self.learned)
-                self.ruled_out = {lv: why for (lay, lv), why in self.learned.items() if lay == here}
+                self._retest_pass()
                 continue
             lever = self._lever_iter.popleft()
             if lever in self.ruled_out:
                 continue
             self.current_lever = lever
             self.failures[lever] = 0
-            self.queue = deque((lever, v) for v in self._values_to_try(lever))
+            values = self.retest_values.pop(lever, None)
+            self.queue = deque((lever, v) for v in (self._values_to_try(lever) if values is None else values))
+
+    def _retest_pass(self) -> None:
+        """Rule 6, and only what it asks: a value that won on an earlier layout (a lever's own win, or a lever
+        its winner changed with it) and that the leader no longer carries is measured once on the final
+        layout, unless a run there measured it already. Nothing else is run through again."""
+        self._start_pass()
+        self.retest_done = True
+        here = self._layout()
+        pending: dict[str, list[ArgValue]] = {}
+        for lever, value, where in self.wins_seen:
+            if (lever in DEGREE_FLAG_NAMES or where == here or str(self._value(lever)) == str(value)
+                    or (here, lever, str(value)) in self.measured_at or value in pending.get(lever, [])):
+                continue
+            pending.setdefault(lever, []).append(value)
+        self.retest_values = pending
+        self.current_lever = None  # the last lever's lesson is recorded already
+        self.must_measure = {(lever, str(v)) for lever, values in pending.items() for v in values}
+        self._lever_iter = deque(pending)
+        self.ruled_out = {lv: why for (lay, lv), why in self.learned.items() if lay == here and lv not in pending}
 
     def _next_from_queue(self) -> Candidate | None:
         """The current lever's next value worth a launch (None: its queue is through)."""
         while self.queue:
             lever, value = self.queue.popleft()
-            if len(self.values_run.get(lever, ())) >= 2 and (
+            if len(self.values_run.get(lever, ())) >= 2 and (lever, str(value)) not in self.must_measure and (
                     self._beyond_oom(lever, value) or self._lost_clearly(lever, value)):
-                continue  # skipped only where rule 4's two values are measured already
+                continue  # skipped only where rule 4's two values are measured already (never what rule 6 asks)
             cand = self._candidate(lever, value, "rule 4: two values before ruling out")
             if cand is not None:
                 return self._memory_first(cand)
@@ -521,6 +545,15 @@ class HeuristicTuner(Tuner):
             if made_on == here:
                 return cand
         return None
+
+    def _drop_stale(self) -> None:
+        """A new leader makes the coupled moves queued on the old layout stale: they are dropped, and since they
+        never ran, a move from the new leader may ask for the same recipe again."""
+        here = self._layout()
+        for made_on, cand in self.deferred:
+            if made_on != here:
+                self.tried.discard(self.key(cand.changes))
+        self.deferred = deque((m, c) for m, c in self.deferred if m == here)
 
     def _rule4_probe(self) -> Candidate | None:
         """Rule 4's last check before the stop: a parallel degree of the space that no launched candidate
@@ -578,7 +611,9 @@ class HeuristicTuner(Tuner):
             self.measured.append(lever)
         full = self._full(candidate.changes)
         self._anchor(full, outcome.outcome)
+        where = self._layout(candidate.changes)
         for flag in self.space:
+            self.measured_at.add((where, flag, str(full.get(flag))))
             if str(full.get(flag)) != str(self.baseline.get(flag)):
                 self.values_run.setdefault(flag, set()).add(str(full.get(flag)))
         for flag in DEGREE_FLAG_NAMES & set(self.space):
@@ -593,8 +628,11 @@ class HeuristicTuner(Tuner):
             # A re-balanced move won: its partner degree moved too, and going back on it is going back across
             # the node it left (what the move's own loss measured), so it keeps the direction that won as well.
             self.win_dir[partner[0]] = (partner[1], partner[2])
+        before = self._full(self.leader)
         self.leader = dict(candidate.changes)
         self.win_layout[lever] = self._layout()
+        self._won_with(lever, before)
+        self._drop_stale()
         self.improved_this_pass = True
         # a placement lever won, or a coupled move moved the layout with it
         self.restart = self.restart or lever in PLACEMENT_FLAGS or self.win_layout[lever] != was
@@ -605,6 +643,18 @@ class HeuristicTuner(Tuner):
         self.queue = deque(
             (lever, v) for v in self._values_to_try(lever) if self._beyond(lever, v, tok.get("value"), old)
         )
+
+    def _won_with(self, lever: str, before: dict[str, ArgValue]) -> None:
+        """The other non-placement levers of the space that the new leader changed with `lever` (rule 5's
+        retry adds full recomputation back to a layout move) won with it: rule 6 re-tests them on the final
+        layout like any winner (the control plane's stop rule counts every flag a winner changed). Not a direction
+        that won: the value it replaced may have run out of memory there, and may fit another layout."""
+        after = self._full(self.leader)
+        self.wins_seen.append((lever, after.get(lever), self._layout()))
+        for flag in self.space:
+            if flag == lever or flag in DEGREE_FLAG_NAMES or str(after.get(flag)) == str(before.get(flag)):
+                continue
+            self.wins_seen.append((flag, after.get(flag), self._layout()))
 
     def _memory_outcome(self, candidate: Candidate, outcome: Outcome, tok: dict[str, Any], lever: str,
                         plain_next: bool) -> bool:
@@ -697,12 +747,13 @@ class HeuristicTuner(Tuner):
 
     def _pay_for_memory(self, oom: dict[str, ArgValue], tok: dict[str, Any], lever: str) -> bool:
         """A coupled move, first-class: a move that ran out of memory (less recomputation, a narrower TP or EP)
-        paid for by more sharding elsewhere (a deeper pipeline, more TP, CP or EP: the next value up of
-        another placement degree, at its nearest feasible layout, the moved lever kept). Only moves the
-        memory estimate says fit are queued (it orders the payers; without an estimate, the first one),
-        fewest degrees moved first, at most `PAYERS` of them. They run once the lever pass is through, and
-        only while the leader is still on the layout they were made from (a new leader makes them stale).
-        False: nothing to queue."""
+        paid for by more sharding elsewhere (a deeper pipeline, more TP, CP or EP: the smallest value up of
+        another placement degree that the anchored estimate says fits, at its nearest feasible layout, the
+        moved lever kept). Only moves the memory estimate says fit are queued (it orders the payers; without
+        an estimate, the next value up and the first one), fewest degrees moved first, a degree that would go
+        back the way it won last, at most `PAYERS` of them. They run once the lever pass is through, and only
+        while the leader is still on the layout they were made from (a new leader makes them stale, and a
+        move from it may ask for the same recipe again). False: nothing to queue."""
         origin = self._full(oom)
         moved = origin.get(lever)
         here = self._layout()
@@ -720,30 +771,34 @@ class HeuristicTuner(Tuner):
         return bool(fresh)
 
     def _payers(self, origin: dict[str, ArgValue], lever: str, moved: ArgValue
-                ) -> list[tuple[tuple[int, int], dict[str, ArgValue], str, ArgValue]]:
-        """The coherent recipes that pay for `origin`'s memory with another placement degree one step up,
-        ((estimate unsure, degrees moved), flags, the paying degree, its value), best first."""
-        options: list[tuple[tuple[int, int], dict[str, ArgValue], str, ArgValue]] = []
+                ) -> list[tuple[tuple[int, int, int], dict[str, ArgValue], str, ArgValue]]:
+        """The coherent recipes that pay for `origin`'s memory with another placement degree moved up, each by
+        the smallest step the anchored memory estimate says fits (a narrower TP may need a pipeline two steps
+        deeper),
+        ((estimate unsure, undoes a win, degrees moved), flags, the paying degree, its value), best first: a
+        degree that pays by going back the way it won (measured slower) comes after one that does not."""
+        options: list[tuple[tuple[int, int, int], dict[str, ArgValue], str, ArgValue]] = []
         for flag in self.order:
             if flag not in PLACEMENT_FLAGS or flag == lever:
                 continue
             cur = origin.get(flag)
             cur_n = 1 if cur in (None, False) else cur
-            ups = [v for v in self.space[flag] if isinstance(v, int) and isinstance(cur_n, int) and v > cur_n]
-            if not ups:
-                continue
-            value = min(ups)
-            full: dict[str, ArgValue] | None = {**origin, flag: value}
-            if self.couple is not None and full is not None:
-                full = self.couple(full, flag, value)
-            if full is None or (lever in self.space and str(full.get(lever)) != str(moved)):
-                continue  # no feasible layout pays for it, or the one that does undoes the move
-            full = self._coherent(full, origin)
-            fit = self._fit(full)
-            if fit is False:
-                continue
-            n_moved = sum(1 for f in PLACEMENT_FLAGS if str(full.get(f)) != str(origin.get(f)))
-            options.append(((0 if fit else 1, n_moved), full, flag, value))
+            ups = sorted(v for v in self.space[flag] if isinstance(v, int) and isinstance(cur_n, int) and v > cur_n)
+            for value in ups:  # the smallest step up that the anchored estimate says fits
+                full: dict[str, ArgValue] | None = {**origin, flag: value}
+                if self.couple is not None and full is not None:
+                    full = self.couple(full, flag, value)
+                if full is None or (lever in self.space and str(full.get(lever)) != str(moved)):
+                    continue  # no feasible layout pays for it, or the one that does undoes the move
+                full = self._coherent(full, origin)
+                fit = self._fit(full)
+                if fit is False:
+                    continue
+                n_moved = sum(1 for f in PLACEMENT_FLAGS if str(full.get(f)) != str(origin.get(f)))
+                won = self.win_dir.get(flag)
+                back = won is not None and won[1] == cur and not self._beyond(flag, value, won[1], won[0])
+                options.append(((0 if fit else 1, 1 if back else 0, n_moved), full, flag, value))
+                break
         return sorted(options, key=lambda o: o[0])
 
     def _node_groups_crossing(self, full: dict[str, ArgValue]) -> list[tuple[str, ...]]:
