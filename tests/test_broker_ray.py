@@ -75,7 +75,10 @@ def test_a_run_outlives_its_broker_and_is_charged_from_when_it_ran(tmp_path: Pat
     log = (d / "runs" / run_id / "log.txt").read_text()
     marker = float(log.split(START_MARK, 1)[1].split()[0])
     assert run.started_at == pytest.approx(marker) and run.started_at > _epoch(admitted_at)
-    assert log.count(START_MARK) == 1 and log.count(" iteration       14/      14 |") == 1
+    # the campaign's first calibration run is also the baseline's reference check run: it runs a check run's
+    # 20 steps (its window is measured like any calibration run's)
+    assert run.purpose == "reference"
+    assert log.count(START_MARK) == 1 and log.count(" iteration       20/      20 |") == 1
     types = [r.type for r in ledger.read(d).rows if r.data.get("run_id") == run_id]
     assert types[:4] == ["launch_admitted", "run_submitted", "run_started", "run_finished"]
 

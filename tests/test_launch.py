@@ -84,15 +84,26 @@ def test_calibration_sets_the_budget_and_every_run_is_scored_and_charged(tmp_pat
         assert run.tokens_per_s_per_gpu == pytest.approx(m.tokens_per_s_per_gpu) and run.valid
         # the stack fix reached the job
         assert f"--run-dir {d / 'runs' / run.run_id}" in (d / "runs" / run.run_id / "job.sh").read_text()
+    # the first calibration run is also the baseline's reference check run: 20 steps (its admission row says
+    # so), the others the workload's 14; its window is measured like theirs
+    ref = [r for r in cal_runs if r.purpose == "reference"]
+    assert [r.run_id for r in ref] == [first[0]["run_id"]] and s.calibration_reference() is ref[0]
+    admitted = {r.data["run_id"]: r.data for r in rows(d, "launch_admitted")}
+    assert admitted[ref[0].run_id]["steps"] == 20 and "purpose" not in admitted[first[1]["run_id"]]
+    for run in cal_runs:
+        last = "iteration       20/" if run.purpose == "reference" else "iteration       14/"
+        assert last in (d / "runs" / run.run_id / "log.txt").read_text()
     (budget_row,) = rows(d, "budget_set")
-    mean_cost = sum(r.charge_gpu_hours for r in cal_runs) / 5
+    # one run of the workload's length: the longer reference run is left out of the mean
+    mean_cost = sum(r.charge_gpu_hours for r in cal_runs if r.purpose != "reference") / 4
     assert budget_row.data["gpu_hours"] == pytest.approx(30 * mean_cost, rel=1e-6)
-    # 3 checks, the reference check run and its replicates (none where the calibration runs cover the
-    # check's judged steps), 20 steps each
+    # 3 checks and the baseline's replicates (none where the calibration runs cover the check's judged steps),
+    # 20 steps each; no reference check run of the baseline: a calibration run is the reference
     from attune.control import shipping
     from attune.control.spec import load_spec
 
-    checks = 3 + 1 + shipping.replicate_check_runs(load_spec(d / "campaign.yaml"))
+    checks = 3 + shipping.replicate_check_runs(load_spec(d / "campaign.yaml"))
+    assert "the baseline's reference curve is a calibration run's" in budget_row.data["reason"]
     assert budget_row.data["reserve_gpu_hours"] == pytest.approx(checks * mean_cost * 20 / 14, rel=1e-6)
     assert s.leader_run_id == "baseline" and s.calibration is not None
     more = h.launch(LaunchRequest(kind="calibration"))

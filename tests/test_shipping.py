@@ -49,15 +49,21 @@ def test_fastest_candidate_rejected_by_convergence_next_one_ships_and_is_remeasu
     assert checks[drift]["layer1"]["passed"] and not checks[drift]["convergence"]["passed"]
     assert checks[good]["passed"] and checks[good]["convergence"]["correlation"] > 0.99
     assert st.shipped is not None and st.shipped["run_id"] == good
-    # one cached reference run of the baseline, one check per candidate tried, each 20 steps long, from the
-    # reserve; the calibration runs cover more than half of the judged steps, so they are the replicates
-    # (the noise envelope) and no replicate check run is bought
+    # the baseline's reference curve is the calibration run that ran 20 steps (no check run of the baseline is
+    # bought); one check per candidate tried, each 20 steps long, from the reserve; the other calibration runs
+    # cover more than half of the judged steps, so they are the replicates (the noise envelope) and no replicate
+    # check run is bought
     assert st.replicate_check_runs == 0
     check_runs = [r for r in st.runs.values() if r.kind == "check"]
-    assert sorted(r.base_run_id or "" for r in check_runs) == sorted(["baseline"] + [drift, good])
-    assert shipping.reference_run(st) is not None and len(shipping.replicate_runs(st)) == 0
+    assert sorted(r.base_run_id or "" for r in check_runs) == sorted([drift, good])
+    ref = shipping.reference_run(st)
+    assert ref is not None and ref.kind == "calibration" and ref.purpose == "reference"
+    assert ref.run_id in st.calibration_run_ids and len(shipping.replicate_runs(st)) == 0
+    assert "iteration       20/" in (d / "runs" / ref.run_id / "log.txt").read_text()
+    assert checks[good]["baseline_check_run_id"] == ref.run_id
     noise = checks[good]["convergence"]["noise_aware"]
-    assert noise["passed"] and len(noise["noise_runs"]) == 5  # the calibration runs
+    # the calibration runs, the reference aside (never paired with itself)
+    assert noise["passed"] and sorted(noise["noise_runs"]) == sorted(set(st.calibration_run_ids) - {ref.run_id})
     assert "reproduce the baseline's losses exactly (deterministic)" in noise["envelope"]
     bad = checks[drift]["convergence"]
     assert not bad["noise_aware"]["passed"] and "level" in bad["noise_aware"]["failed_checks"]
@@ -172,6 +178,30 @@ def test_a_finished_check_run_is_judged_and_a_remeasurement_recorded_before_anyt
         "invalid_reasons": []}
 
 
+def test_the_reference_is_the_calibration_run_that_ran_as_a_check_run_else_a_check_run_of_the_baseline() -> None:
+    """The policy alone: a calibration run that ran as the baseline's reference check run (`purpose: reference`)
+    and finished well is the reference, and no check run of the baseline is asked for; one that failed is not,
+    and then the baseline's own check run is (the campaign before, or a calibration run that could not run
+    long); a baseline check run beside a calibration reference is a replicate."""
+    from attune.core.state import CampaignState, RunState
+
+    st = CampaignState(name="c", stop={"seq": 1})
+    st.runs["r1-cal"] = RunState("r1-cal", "calibration", status="finished", outcome="crash", purpose="reference")
+    st.runs["r2-cal"] = RunState("r2-cal", "calibration", status="finished", outcome="ok")
+    st.runs["r9"] = RunState("r9", "search", status="finished", outcome="ok", tokens_per_s_per_gpu=2000.0,
+                             valid=True, base_run_id="baseline")
+    assert st.calibration_reference() is None and shipping.reference_run(st) is None
+    st.runs["r3-cal"] = RunState("r3-cal", "calibration", status="finished", outcome="ok", purpose="reference")
+    ref = shipping.reference_run(st)
+    assert ref is not None and ref.run_id == "r3-cal" and st.calibration_reference() is ref
+    st.runs["r4-check"] = RunState("r4-check", "check", status="finished", outcome="ok", base_run_id="baseline")
+    assert shipping.reference_run(st).run_id == "r3-cal"
+    assert [r.run_id for r in shipping.replicate_runs(st)] == ["r4-check"]
+    without = CampaignState(name="c", stop={"seq": 1})
+    without.runs["r4-check"] = st.runs["r4-check"]
+    assert shipping.reference_run(without).run_id == "r4-check" and shipping.replicate_runs(without) == []
+
+
 def test_a_borderline_check_asks_for_one_replicate_of_the_candidate_then_judges_it_again() -> None:
     """The policy alone: a rejected check within the margin gets ONE replicate check run (a ShipAction of its
     own), the finished replicate is judged again, and no candidate ever gets a second one."""
@@ -213,7 +243,7 @@ def test_a_borderline_candidate_gets_one_replicate_check_run_paid_from_the_reser
     d = make_campaign(tmp_path, budget=BUDGET)
     h = CampaignHandle(d)
     calibrate(h)
-    cand = _search(h, **{"--fake-step-ms": 10, "--fake-loss-drift": 0.00025, "--fake-loss-jitter": 0.001})
+    cand = _search(h, **{"--fake-step-ms": 10, "--fake-loss-drift": 0.00022, "--fake-loss-jitter": 0.001})
     settle(h)
     record_stop(d, ["step"], "the step time is the only lever")
     _ship(h, timeout_s=120)
@@ -238,7 +268,8 @@ def test_a_borderline_candidate_gets_one_replicate_check_run_paid_from_the_reser
     check_runs = [r for r in st.runs.values() if r.kind == "check"]
     from attune.control.spec import load_spec
 
-    baseline_checks = 1 + shipping.replicate_check_runs(load_spec(d / "campaign.yaml"))
+    # the baseline's reference is a calibration run: only its replicate check runs (if any) are check runs
+    baseline_checks = shipping.replicate_check_runs(load_spec(d / "campaign.yaml"))
     assert sorted(r.base_run_id or "" for r in check_runs) == sorted(["baseline"] * baseline_checks + [cand, cand])
     assert st.budget.reserve_used == pytest.approx(sum(r.charge_gpu_hours for r in check_runs))
     # its verdict decides: with its own spread the candidate passes and ships

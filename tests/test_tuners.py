@@ -602,3 +602,17 @@ def test_heuristic_retests_on_the_final_layout_a_value_that_won_along_with_anoth
         tuner.tell(cand, Outcome(f"q{n}", "ok", 1000.0, valid=True, extra={"leader_tps": 1261.0}))
     assert {TP_: 2, PP_: 2, RG_: "full"} in asked, asked
     assert asked.count({TP_: 2, PP_: 2, RG_: "full"}) == 1, asked
+
+
+def test_heuristic_a_payer_going_back_on_its_win_is_judged_by_the_degrees_sizes() -> None:
+    """A degree's win can come from a value outside the space (a coupled move set CP4 where the space holds 1, 2
+    and 8): moving it up again from CP1 goes back the way it won all the same, and so does TP after TP 2 -> 1;
+    PP, whose win took it down from 16 to 2, goes back by moving up; a degree that never won does not."""
+    space = {TP_: [1, 2, 4], PP_: [2, 4, 8, 16], CP_: [1, 2, 8]}
+    tuner = HeuristicTuner(space, {TP_: 2, PP_: 16, CP_: 8})
+    tuner.win_dir.update({CP_: (4, 1), TP_: (2, 1)})
+    assert tuner._goes_back(CP_, 1, 8) and tuner._goes_back(CP_, 1, 2)
+    assert tuner._goes_back(TP_, 1, 4) and not tuner._goes_back(TP_, 2, 4)  # from another value: not its win
+    assert not tuner._goes_back(PP_, 2, 8)
+    tuner.win_dir[PP_] = (16, 2)
+    assert tuner._goes_back(PP_, 2, 8) and not tuner._goes_back(PP_, 4, 2)

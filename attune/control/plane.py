@@ -57,6 +57,7 @@ from attune.core.vocab import (
     STOPPED_OUTCOMES,
     RunKind,
     RunOutcome,
+    RunStatus,
     Verdict,
 )
 
@@ -174,6 +175,8 @@ class LaunchAnswer(BaseModel):
     gate: dict[str, Any] | None = None
     budget: dict[str, Any] | None = Field(None, description="the campaign's budget (broker.wire.Budget)")
     items: list[str] = Field(default_factory=list)  # what a refusal lacks (the search rules' missing items)
+    # "reference": a calibration run that also runs `gate.convergence_steps`, the baseline's reference check run
+    purpose: str | None = None
     # the submission of an admitted run (set by the broker; absent from a refusal)
     submitted: bool | None = None
     backend_id: str | None = None
@@ -414,8 +417,10 @@ class Control:
 
     # --- costs ------------------------------------------------------------------------------
     def run_cost(self, state: CampaignState) -> float | None:
-        """The expected cost of one unprofiled run: the mean charge of finished good runs."""
-        done = [r for r in state.runs.values() if r.status == "finished" and r.outcome == "ok" and not r.profile]
+        """The expected cost of one unprofiled run: the mean charge of finished good runs (of the workload's length:
+        not the calibration run that ran as long as a check run)."""
+        done = [r for r in state.runs.values() if r.status == "finished" and r.outcome == "ok" and not r.profile
+                and r.purpose != "reference"]
         charges = [r.charge_gpu_hours for r in done if r.kind == "calibration"]
         if not charges:
             charges = [r.charge_gpu_hours for r in done if r.kind == "search"]
@@ -477,6 +482,8 @@ class Control:
                 "run_id": decision.run_id, "kind": request.kind, "expected_gpu_hours": decision.expected_gpu_hours,
                 "changes": decision.changes, **fields, "recipe_key": decision.recipe_key,
                 "retry_of": decision.retry_of, "gate": decision.gate, "argv": list(decision.job.argv),
+                **({"purpose": decision.purpose, "steps": self.spec.gate.convergence_steps}
+                   if decision.purpose == "reference" else {}),
             })
             decision.budget = self.state().budget.as_dict()
             return decision
@@ -554,7 +561,8 @@ class Control:
         return LaunchAnswer(admitted=True, run_id=ctx.run_id, kind=req.kind,
                             expected_gpu_hours=_round(ctx.expected or 0.0), changes=ctx.candidate.changes.as_dict(),
                             retry_of=ctx.retry_of, exclude_nodes=ctx.exclude, gate=ctx.gate,
-                            recipe_key=ctx.candidate.recipe_key, job=replace(job, exclude_nodes=tuple(ctx.exclude)))
+                            recipe_key=ctx.candidate.recipe_key, job=replace(job, exclude_nodes=tuple(ctx.exclude)),
+                            purpose="reference" if ctx.reference else None)
 
     def _identical(self, state: CampaignState, cand: GeneratedRecipe) -> tuple[str, str] | None:
         """None: a new recipe. ("retry", run_id): one retry of an infrastructure failure. ("refuse", why)."""
@@ -740,21 +748,27 @@ class Control:
         state = self.state()
         if state.calibration is None or state.budget_set_seq is not None:
             return
-        charges = [state.runs[r].charge_gpu_hours for r in state.calibration_run_ids if r in state.runs]
+        cal = [state.runs[r] for r in state.calibration_run_ids if r in state.runs]
+        # one run of the workload's length: the calibration run that ran as long as a check run is left out
+        charges = [r.charge_gpu_hours for r in cal if r.purpose != "reference"] or [r.charge_gpu_hours for r in cal]
         run_cost = statistics.fmean(charges) if charges else 0.0
         b = self.spec.budget
         total = b.gpu_hours if b.gpu_hours is not None else b.default_multiple * run_cost
         reserve = b.reserve_gpu_hours
         replicas = state.replicate_check_runs  # what the campaign started with (shipping.replicate_check_runs)
+        # the calibration run that ran as the baseline's reference check run: no check run of the baseline to pay
+        own_ref = 0 if state.calibration_reference() is not None else 1
         if reserve is None:  # the checks, plus the baseline's reference check run and its replicates (the noise)
-            reserve = ((b.check_reserve_runs + 1 + replicas) * run_cost * self.spec.gate.convergence_steps
+            reserve = ((b.check_reserve_runs + own_ref + replicas) * run_cost * self.spec.gate.convergence_steps
                        / self.spec.workload.steps_per_run)
         reason = (
             f"calibration complete: one baseline run costs {run_cost:.6g} GPU-h; "
             + ("budget from the spec" if b.gpu_hours is not None else f"budget = {b.default_multiple:g} x that")
             + ("; reserve from the spec" if b.reserve_gpu_hours is not None
-               else f"; reserve = {b.check_reserve_runs} check runs, the baseline's reference run and its "
-                    f"{replicas} replicate(s), {self.spec.gate.convergence_steps} steps each")
+               else f"; reserve = {b.check_reserve_runs} check runs, "
+                    + ("the baseline's reference run and " if own_ref else "")
+                    + f"{replicas} replicate(s) of the baseline, {self.spec.gate.convergence_steps} steps each"
+                    + ("" if own_ref else " (the baseline's reference curve is a calibration run's)"))
         )
         self.ledger.append("budget_set", {"gpu_hours": _round(total), "reserve_gpu_hours": _round(reserve),
                                           "run_cost_gpu_hours": _round(run_cost), "reason": reason})
@@ -795,6 +809,7 @@ class AdmitContext:
     retry_of: str | None = None
     exclude: list[str] = field(default_factory=list)
     expected: float | None = None
+    reference: bool = False  # a calibration run that is also the baseline's reference check run
     run_id: str | None = None
     job: JobSpec | None = None
 
@@ -815,8 +830,9 @@ class AdmitContext:
 
     @property
     def steps(self) -> int | None:
-        """The run's length when it is not the workload's (a check run: the gate's convergence steps)."""
-        return self.spec.gate.convergence_steps if self.request.kind == RunKind.CHECK else None
+        """The run's length when it is not the workload's (a check run, and the calibration run that is the
+        baseline's reference check run: the gate's convergence steps)."""
+        return self.spec.gate.convergence_steps if self.request.kind == RunKind.CHECK or self.reference else None
 
     @property
     def cand(self) -> GeneratedRecipe:
@@ -870,7 +886,28 @@ def rule_calibration(ctx: AdmitContext) -> Refusal | None:
             f"calibration needs {required} good baseline runs; {len(state.calibration_values)} done and "
             f"{cal_open} in flight"))
     ctx.candidate = ctx.control.gen.candidate(Changes(), Changes(), req.profile)
+    ctx.reference = _calibration_reference_due(ctx)
     return None
+
+
+def rule_reference_length(ctx: AdmitContext) -> Refusal | None:
+    """The calibration run that is also the baseline's reference check run runs as long as a check run. After
+    layer 1 (`rule_gate`), like a check run's length: the run length is the campaign's pin, not a recipe change."""
+    if ctx.reference:
+        ctx.candidate = ctx.control.gen.with_steps(ctx.cand, ctx.control.spec.gate.convergence_steps)
+    return None
+
+
+def _calibration_reference_due(ctx: AdmitContext) -> bool:
+    """Whether this calibration run is also the baseline's reference check run: it runs the baseline's recipe,
+    data and seed like a check run, so the first unprofiled one runs `gate.convergence_steps` steps instead of
+    `workload.steps_per_run` (its measured window is the same) and the shipping step needs no check run of the
+    baseline of its own (`shipping.reference_run`). One at a time: another is made only if it failed."""
+    spec, gen = ctx.control.spec, ctx.control.gen
+    if ctx.agent.profile or gen.steps_flag() is None or spec.gate.convergence_steps < spec.workload.steps_per_run:
+        return False
+    return not any(r.kind == RunKind.CALIBRATION and r.purpose == "reference"
+                   and (r.status != RunStatus.FINISHED or r.outcome == RunOutcome.OK) for r in ctx.state.runs.values())
 
 
 def rule_search_request(ctx: AdmitContext) -> Refusal | None:
@@ -1000,6 +1037,9 @@ def rule_identical(ctx: AdmitContext) -> Refusal | None:
 def rule_expected_cost(ctx: AdmitContext) -> Refusal | None:
     """The run's expected cost (the rules after it check it against the budget)."""
     ctx.expected = ctx.control.expected_cost(ctx.state, ctx.request.kind, ctx.request.profile)
+    if ctx.expected is not None and ctx.reference:  # it runs as long as a check run
+        w = ctx.control.spec.workload
+        ctx.expected *= ctx.control.spec.gate.convergence_steps / w.steps_per_run
     return None
 
 
@@ -1065,6 +1105,7 @@ ADMISSION_RULES: tuple[tuple[AdmissionRule, frozenset[RunKind]], ...] = (
     (rule_one_replicate, frozenset({RunKind.CHECK})),
     (rule_one_lever, _SEARCH),
     (rule_gate, AGENT_KINDS),
+    (rule_reference_length, frozenset({RunKind.CALIBRATION})),
     (rule_code_locations, _SEARCH),
     (rule_identical, _SEARCH),
     (rule_expected_cost, ALL_KINDS),

@@ -143,7 +143,9 @@ def _noise_runs(control: Control, state: CampaignState) -> list[tuple[str, str, 
     is the noise envelope."""
     runs = [(r.run_id, "replicate", _losses(state, control.run_dir(r.run_id) / RUN_LOG))
             for r in shipping.replicate_runs(state)]
-    runs += [(rid, "calibration", _losses(state, control.run_dir(rid) / RUN_LOG)) for rid in state.calibration_run_ids]
+    ref = shipping.reference_run(state)  # a calibration run may be the reference: never paired with itself
+    runs += [(rid, "calibration", _losses(state, control.run_dir(rid) / RUN_LOG)) for rid in state.calibration_run_ids
+             if ref is None or rid != ref.run_id]
     return [x for x in runs if x[2]]
 
 

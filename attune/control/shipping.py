@@ -9,7 +9,9 @@ broker that restarts (or a campaign resumed days later) carries on where it stop
    band, fastest first, at most three (`MAX_CANDIDATES`).
 3. **Reference**: one check run of the baseline (`gate.convergence_steps` steps, the baseline's data
    and seed), run once and cached: its loss curve and resolved arguments are what every candidate is
-   compared with. Then `gate.replicate_check_runs` more check runs of the baseline (default: none where
+   compared with. A calibration run is the baseline's recipe, data and seed already: the control plane
+   runs the first unprofiled one `gate.convergence_steps` steps long (`purpose: reference`), and when it
+   finished well it is the reference, and no check run of the baseline is launched. Then `gate.replicate_check_runs` more check runs of the baseline (default: none where
    the calibration runs cover at least half of the check's judged steps, they are replicates already;
    else 2, `replicate_check_runs`): with
    the reference they give three pairs of runs of the same objective, the fewest from which a
@@ -141,14 +143,19 @@ def _baseline_checks(state: CampaignState) -> list[RunState]:
 
 
 def reference_run(state: CampaignState) -> RunState | None:
-    """The baseline's cached check run: the first one that finished well (later ones are replicates)."""
+    """The baseline's reference curve: the calibration run that ran as its check run, else its cached check
+    run, the first one that finished well (later ones are replicates)."""
+    cal = state.calibration_reference()
+    if cal is not None:
+        return cal
     ok = _baseline_checks(state)
     return ok[0] if ok else None
 
 
 def replicate_runs(state: CampaignState) -> list[RunState]:
-    """The baseline's other check runs that finished well: its replicates, for the noise envelope."""
-    return _baseline_checks(state)[1:]
+    """The baseline's check runs that finished well, the reference aside: its replicates, for the noise envelope."""
+    ref = reference_run(state)
+    return [r for r in _baseline_checks(state) if ref is None or r.run_id != ref.run_id]
 
 
 def check_verdict(state: CampaignState, run_id: str) -> dict[str, Any] | None:
@@ -332,7 +339,8 @@ def _plan_ship(state: CampaignState) -> Action:
             return Action(ShipAction.SHIP, "baseline", "the baseline's own check run could not be run: no reference curve")
         return Action(ShipAction.CHECK, "baseline", "the baseline's reference curve for the convergence check")
     done_reps = len(replicate_runs(state))
-    failed = len(_runs_of(state, RunKind.CHECK, "baseline")) - 1 - done_reps
+    own_ref = 0 if ref.kind == RunKind.CALIBRATION else 1
+    failed = len(_runs_of(state, RunKind.CHECK, "baseline")) - own_ref - done_reps
     if done_reps < state.replicate_check_runs and failed < MAX_REFERENCE_ATTEMPTS:
         return Action(ShipAction.CHECK, "baseline", f"replicate check run {done_reps + 1} of {state.replicate_check_runs} of "
                       "the baseline: the noise envelope of the convergence check")

@@ -45,7 +45,7 @@ from typing import Any, TypeVar
 
 from attune.core import ledger as ledger_mod
 from attune.core.measure import Calibration, beats, calibrate, gain, noise_note
-from attune.core.vocab import RECIPE_FAILURES, RunKind, RunStatus, Verdict
+from attune.core.vocab import RECIPE_FAILURES, RunKind, RunOutcome, RunStatus, Verdict
 
 _T = TypeVar("_T")
 CHECK_KINDS = frozenset({"check"})
@@ -217,6 +217,16 @@ class CampaignState:
         if self.leader_tokens_per_s_per_gpu is None or self.baseline_mean is None:
             return None
         return gain(self.leader_tokens_per_s_per_gpu, self.baseline_mean)
+
+    def calibration_reference(self) -> RunState | None:
+        """The calibration run that ran `gate.convergence_steps` steps as the baseline's reference check run
+        (`purpose: reference`; the control plane makes the first unprofiled calibration run one) and finished
+        well, else None."""
+        for r in self.runs.values():
+            if (r.kind == RunKind.CALIBRATION and r.purpose == "reference" and r.status == RunStatus.FINISHED
+                    and r.outcome == RunOutcome.OK):
+                return r
+        return None
 
     def would_promote(self, tokens_per_s_per_gpu: float) -> bool:
         """The promotion rule against the current leader (False before calibration)."""

@@ -795,11 +795,20 @@ class HeuristicTuner(Tuner):
                 if fit is False:
                     continue
                 n_moved = sum(1 for f in PLACEMENT_FLAGS if str(full.get(f)) != str(origin.get(f)))
-                won = self.win_dir.get(flag)
-                back = won is not None and won[1] == cur and not self._beyond(flag, value, won[1], won[0])
+                back = self._goes_back(flag, cur_n, value)
                 options.append(((0 if fit else 1, 1 if back else 0, n_moved), full, flag, value))
                 break
         return sorted(options, key=lambda o: o[0])
+
+    def _goes_back(self, flag: str, cur: ArgValue, value: ArgValue) -> bool:
+        """Whether moving the degree `flag` from `cur` to `value` goes back the way its last win took it (a
+        direction measured as slower), by the degrees' sizes: a win may have come from a value outside the space
+        (a coupled move's)."""
+        won = self.win_dir.get(flag)
+        if won is None or not all(isinstance(v, int) or v in (None, False) for v in (*won, cur, value)):
+            return False
+        before, after = (as_int(v, 1) for v in won)
+        return as_int(cur, 1) == after and (as_int(value, 1) - after) * (after - before) < 0
 
     def _node_groups_crossing(self, full: dict[str, ArgValue]) -> list[tuple[str, ...]]:
         """The node-local groups (`NODE_GROUPS`) whose ranks span more than one node in this recipe."""
