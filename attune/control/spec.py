@@ -257,7 +257,8 @@ class Budget(_Strict):
     reserve_gpu_hours: float | None = Field(
         None, ge=0, description=(
             "explicit check reserve (check runs are paid from it alone; search never uses it); default: "
-            "(check_reserve_runs + 1 + gate.replicate_check_runs) x one gate.convergence_steps-step check run")
+            "(check_reserve_runs + gate.replicate_check_runs, + 1 for the baseline's reference check run where no "
+            "calibration run ran as it) x one gate.convergence_steps-step check run")
     )
     concurrency: PositiveInt = Field(3, description="jobs in flight at once")
     infra_reserve_gpu_hours: NonNegFloat = Field(0.0, description=(
