@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -215,19 +216,29 @@ def _run_args(obj: Any, where: str) -> tuple[dict[str, Any], Literal["resolved",
 
 def load_run(path: str | Path, framework: str = DEFAULT_FRAMEWORK) -> RunInput:
     """A run for the convergence check: a training log (its loss curve, and its resolved-arguments block when it
-    has one), a JSON loss curve ``{"1": 10.41, ...}`` (no arguments), or a JSON run
+    has one), a JSON loss curve ``{"1": 10.41, ...}`` (no arguments), a JSON run
     ``{"loss": {"1": 10.41, ...}, "args": {...}, "env": {...}}`` whose `args` are a recipe's ``--flags`` or
-    resolved attribute names (all one or all the other)."""
+    resolved attribute names (all one or all the other), Megatron-LM's golden values (``{"lm loss": {"values":
+    ...}, ...}``, the loss alone) or a "<step> <loss>" table, one pair per line (torchtitan's loss goldens)."""
     p = Path(path)
     text = _read_curve_text(p)
     data = _json_curve(p, text)
     if data is None:
+        try:
+            table = _step_loss_table(text)
+        except GateInputError as exc:
+            raise GateInputError(f"{p}: {exc}") from None
+        if table is not None:
+            return RunInput(curve=table, source="none")
         curve = _log_curve(p, framework)
         try:
             args = read_resolved_args(p, framework)
         except (OSError, ValueError):
             return RunInput(curve=curve, source="none")
         return RunInput(curve=curve, args=args, form="resolved", source="log")
+    golden = _golden_metric(data)
+    if golden is not None:
+        return RunInput(curve=_golden_curve(golden, f"{p}: {GOLDEN_LOSS_KEY!r}"), source="none")
     if isinstance(data, dict) and "loss" in data and isinstance(data["loss"], dict):
         unknown = set(data) - {"loss", "args", "env", "name", "description", "source"}
         if unknown:
@@ -239,6 +250,83 @@ def load_run(path: str | Path, framework: str = DEFAULT_FRAMEWORK) -> RunInput:
         return RunInput(curve=curve, args=args, env=check_env(data.get("env"), f"{p}: env"), form=form,
                         source="json")
     return RunInput(curve=_curve_map(data, str(p)), source="none")
+
+
+# Megatron-LM's functional-test golden values (`golden_values_<env>.json`): one object per metric, each
+# {"start_step", "end_step", "step_interval", "values"}, where `values` maps step to value (newer files) or lists
+# them from `start_step` every `step_interval` steps (older files). The loss is "lm loss"; the other metrics
+# ("num-zeros", "iteration-time", memory) are not read.
+GOLDEN_LOSS_KEY = "lm loss"
+# torchtitan's loss goldens (tests/assets/losses/*.txt): "<step> <loss>" per line, newer files with more columns
+# after the loss (grad_norm) and a "# step loss grad_norm" header naming them.
+_TABLE_SPLIT = re.compile(r"[ \t,]+")
+_TABLE_MAX_COLUMNS = 16
+
+
+def _golden_metric(data: Any) -> dict[str, Any] | None:
+    """The golden-values file's loss metric, or None when `data` is not in that form."""
+    if not isinstance(data, dict) or not isinstance(data.get(GOLDEN_LOSS_KEY), dict):
+        return None
+    metric = data[GOLDEN_LOSS_KEY]
+    return metric if "values" in metric else None
+
+
+def _golden_int(metric: dict[str, Any], key: str, default: int, least: int, where: str) -> int:
+    v = metric.get(key, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or v < least:
+        raise GateInputError(f"{where}: {key} must be an integer >= {least}, got {v!r}")
+    return v
+
+
+def _golden_curve(metric: dict[str, Any], where: str) -> dict[int, float | None]:
+    """A golden-values metric's curve: `values` as a step -> loss mapping, or a list from `start_step` every
+    `step_interval` steps."""
+    values = metric["values"]
+    if isinstance(values, dict):
+        return _curve_map(values, f"{where}: values")
+    if not isinstance(values, list):
+        raise GateInputError(f"{where}: values must be a mapping of step to loss or a list of losses")
+    if not values:
+        raise GateInputError(f"{where}: the loss curve is empty")
+    start = _golden_int(metric, "start_step", 0, 0, where)
+    every = _golden_int(metric, "step_interval", 1, 1, where)
+    return {start + i * every: _curve_value(v, f"{where}: values[{i}]") for i, v in enumerate(values)}
+
+
+def _table_number(token: str) -> float | None:
+    try:
+        return float(token)
+    except ValueError:
+        return None
+
+
+def _step_loss_table(text: str) -> dict[int, float | None] | None:
+    """A "<step> <loss> [more columns]" table (blank lines and # comments allowed; a "# step loss ..." header says
+    which column is the loss, else the second), or None when any line is something else (a training log)."""
+    out: dict[int, float | None] = {}
+    col = 1
+    for line in text.splitlines():
+        body = line.strip()
+        if not body:
+            continue
+        if body.startswith("#"):
+            names = _TABLE_SPLIT.split(body.lstrip("#").strip().lower())
+            if not out and len(names) >= 2 and names[0] == "step" and "loss" in names:
+                col = names.index("loss")
+            continue
+        tokens = _TABLE_SPLIT.split(body)
+        if not (col < len(tokens) <= _TABLE_MAX_COLUMNS and tokens[0].isascii() and tokens[0].isdigit()):
+            return None
+        values = [_table_number(t) for t in tokens[1:]]
+        if any(v is None for v in values):
+            return None
+        step = int(tokens[0])
+        if step in out:
+            raise GateInputError(f"step {step} appears twice in the step-loss table")
+        out[step] = values[col - 1]
+    return out if len(out) >= 2 else None
 
 
 def _read_curve_text(p: Path) -> str:
