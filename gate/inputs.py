@@ -7,6 +7,7 @@ a clear error.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
@@ -261,6 +262,7 @@ GOLDEN_LOSS_KEY = "lm loss"
 # after the loss (grad_norm) and a "# step loss grad_norm" header naming them.
 _TABLE_SPLIT = re.compile(r"[ \t,]+")
 _TABLE_MAX_COLUMNS = 16
+_TABLE_MAX_STEP_DIGITS = 12  # a step number longer than this is no training step (and int() refuses 4,300 digits)
 
 
 def _golden_metric(data: Any) -> dict[str, Any] | None:
@@ -307,7 +309,7 @@ def _step_loss_table(text: str) -> dict[int, float | None] | None:
     which column is the loss, else the second), or None when any line is something else (a training log)."""
     out: dict[int, float | None] = {}
     col = 1
-    for line in text.splitlines():
+    for line in io.StringIO(text):  # line by line: a training log is told apart at its first line
         body = line.strip()
         if not body:
             continue
@@ -322,6 +324,8 @@ def _step_loss_table(text: str) -> dict[int, float | None] | None:
         values = [_table_number(t) for t in tokens[1:]]
         if any(v is None for v in values):
             return None
+        if len(tokens[0]) > _TABLE_MAX_STEP_DIGITS:
+            raise GateInputError(f"step {tokens[0][:20]}... has more than {_TABLE_MAX_STEP_DIGITS} digits")
         step = int(tokens[0])
         if step in out:
             raise GateInputError(f"step {step} appears twice in the step-loss table")

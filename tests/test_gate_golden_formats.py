@@ -96,3 +96,13 @@ def test_a_step_loss_table_with_a_repeated_step_is_refused(tmp_path: Path) -> No
     bad.write_text("1 10.5\n2 10.4\n2 10.3\n")
     with pytest.raises(GateInputError, match="step 2 appears twice"):
         load_run(bad)
+
+
+def test_a_step_number_too_long_to_be_a_step_exits_2_not_a_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "losses.txt"
+    bad.write_text("1 10.5\n" + "9" * 5000 + " 10.4\n")
+    with pytest.raises(GateInputError, match="more than 12 digits"):
+        load_run(bad)
+    proc = subprocess.run([sys.executable, "-m", "attune", "gate", "converge", str(bad), str(bad), "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "digits" in json.loads(proc.stdout)["reason"], proc.stderr[-500:]

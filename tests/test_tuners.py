@@ -474,18 +474,16 @@ def test_heuristic_measures_first_the_value_that_brings_a_node_group_inside_a_no
         assert {EP_: 8} not in cp.launched and cp.leader == pytest.approx(1000.0)
 
 
-def test_heuristic_reaches_a_narrower_tp_whose_memory_needs_a_pipeline_two_steps_deeper() -> None:
-    """A narrower TP needs TP x PP >= 8 shards: TP2 is paid for by the next pipeline depth up (PP4), and TP1 needs
-    PP8, two steps up from the baseline's PP2. The search gets there one paid step at a time (TP2/PP4 leads, then
-    TP1 from it is paid for by PP8), with no recomputation lever to fall back on."""
+def tp_pp_shards(base: dict[str, Any], shards: int, tp_speed: dict[int, float]) -> SyntheticControlPlane:
+    """Drive the heuristic (no recomputation to fall back on, an exact memory estimate) on a model that needs
+    TP x PP >= `shards` to fit, with TP's speed-up `tp_speed` and a deeper pipeline a little slower."""
     space = {TP_: [1, 2, 4], PP_: [1, 2, 4, 8]}
-    base = {TP_: 4, PP_: 2}
 
     def objective(full: dict[str, Any]) -> tuple[str, float | None]:
         tp, pp = full[TP_], full[PP_]
-        if tp * pp < 8:
+        if tp * pp < shards:
             return "oom", None
-        return "ok", 1000.0 * {4: 1.0, 2: 1.2, 1: 1.4}[tp] * {1: 1.0, 2: 0.99, 4: 0.98, 8: 0.97}[pp]
+        return "ok", 1000.0 * tp_speed[tp] * {1: 1.0, 2: 0.99, 4: 0.98, 8: 0.97}[pp]
 
     def fits(f: dict[str, Any]) -> bool:  # the memory estimate: here exact
         return objective({**base, **f})[0] != "oom"
@@ -493,6 +491,14 @@ def test_heuristic_reaches_a_narrower_tp_whose_memory_needs_a_pipeline_two_steps
     cp = SyntheticControlPlane()
     cp.objective, cp.baseline = objective, dict(base)
     drive(HeuristicTuner(space, base, fits=fits, memory_retry=False), cp)
+    return cp
+
+
+def test_heuristic_reaches_a_narrower_tp_whose_memory_needs_a_pipeline_two_steps_deeper() -> None:
+    """A narrower TP needs TP x PP >= 8 shards: TP2 is paid for by the next pipeline depth up (PP4), and TP1 needs
+    PP8, two steps up from the baseline's PP2. The search gets there one paid step at a time (TP2/PP4 leads, then
+    TP1 from it is paid for by PP8), with no recomputation lever to fall back on."""
+    cp = tp_pp_shards({TP_: 4, PP_: 2}, 8, {4: 1.0, 2: 1.2, 1: 1.4})
     assert {TP_: 1, PP_: 8} in cp.launched, cp.launched
     assert cp.leader == pytest.approx(1000.0 * 1.4 * 0.97)
 
@@ -554,21 +560,7 @@ def test_heuristic_pays_for_memory_with_the_smallest_step_up_the_estimate_says_f
     """TP1 alone runs out of memory and needs TP x PP >= 4, two pipeline steps up; TP2 (one step up) is no
     faster, so no leader on the way carries the search there. The coupled move that pays for TP1 takes the
     smallest pipeline depth the memory estimate says fits (PP4), not the next one (PP2), which does not."""
-    space = {TP_: [1, 2, 4], PP_: [1, 2, 4, 8]}
-    base = {TP_: 4, PP_: 1}
-
-    def objective(full: dict[str, Any]) -> tuple[str, float | None]:
-        tp, pp = full[TP_], full[PP_]
-        if tp * pp < 4:
-            return "oom", None
-        return "ok", 1000.0 * {4: 1.0, 2: 0.98, 1: 1.4}[tp] * {1: 1.0, 2: 0.99, 4: 0.98, 8: 0.97}[pp]
-
-    def fits(f: dict[str, Any]) -> bool:  # the memory estimate: here exact
-        return objective({**base, **f})[0] != "oom"
-
-    cp = SyntheticControlPlane()
-    cp.objective, cp.baseline = objective, dict(base)
-    drive(HeuristicTuner(space, base, fits=fits, memory_retry=False), cp)
+    cp = tp_pp_shards({TP_: 4, PP_: 1}, 4, {4: 1.0, 2: 0.98, 1: 1.4})
     assert {TP_: 1, PP_: 4} in cp.launched, cp.launched
     assert cp.leader == pytest.approx(1000.0 * 1.4 * 0.98)
 

@@ -11,7 +11,8 @@ broker that restarts (or a campaign resumed days later) carries on where it stop
    and seed), run once and cached: its loss curve and resolved arguments are what every candidate is
    compared with. A calibration run is the baseline's recipe, data and seed already: the control plane
    runs the first unprofiled one `gate.convergence_steps` steps long (`purpose: reference`), and when it
-   finished well it is the reference, and no check run of the baseline is launched. Then `gate.replicate_check_runs` more check runs of the baseline (default: none where
+   finished well it is the reference, and no check run of the baseline is launched. Then
+   `gate.replicate_check_runs` more check runs of the baseline (default: none where
    the calibration runs cover at least half of the check's judged steps, they are replicates already;
    else 2, `replicate_check_runs`): with
    the reference they give three pairs of runs of the same objective, the fewest from which a

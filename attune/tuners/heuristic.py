@@ -774,9 +774,9 @@ class HeuristicTuner(Tuner):
                 ) -> list[tuple[tuple[int, int, int], dict[str, ArgValue], str, ArgValue]]:
         """The coherent recipes that pay for `origin`'s memory with another placement degree moved up, each by
         the smallest step the anchored memory estimate says fits (a narrower TP may need a pipeline two steps
-        deeper),
-        ((estimate unsure, undoes a win, degrees moved), flags, the paying degree, its value), best first: a
-        degree that pays by going back the way it won (measured slower) comes after one that does not."""
+        deeper), as ((estimate unsure, goes back on a win, degrees moved), flags, the paying degree, its value),
+        best first: a degree that pays by going back the way it won (measured slower) comes after one that
+        does not."""
         options: list[tuple[tuple[int, int, int], dict[str, ArgValue], str, ArgValue]] = []
         for flag in self.order:
             if flag not in PLACEMENT_FLAGS or flag == lever:
