@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from attune.core.errors import GateError
 from attune.readers import bounded
 from attune.readers.metrics import read_losses, read_resolved_args
-from gate import names
+from gate import curve_formats, names
 
 MAX_CURVE_BYTES = 512 * 2**20  # a loss curve, or a training log read whole
 # The framework a training log given to the gate is read as, unless the caller names one: the gate's
@@ -152,22 +152,6 @@ def load_env(path: str | Path) -> dict[str, str]:
     return out
 
 
-def _curve_value(v: Any, where: str) -> float | None:
-    if v is None:
-        return None
-    if isinstance(v, bool):
-        raise GateInputError(f"{where}: a loss must be a number, null or 'nan'/'inf', got {v!r}")
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, str):
-        try:
-            f = float(v)
-        except ValueError:
-            raise GateInputError(f"{where}: a loss must be a number, null or 'nan'/'inf', got {v!r}") from None
-        return f
-    raise GateInputError(f"{where}: a loss must be a number, null or 'nan'/'inf', got {type(v).__name__}")
-
-
 class RunInput(BaseModel):
     """A run given to `attune gate converge`: its loss curve and, when the input carries them, its arguments."""
 
@@ -190,7 +174,7 @@ def _curve_map(data: Any, where: str) -> dict[int, float | None]:
             step = int(str(k))
         except ValueError:
             raise GateInputError(f"{where}: step {k!r} is not an integer") from None
-        out[step] = _curve_value(v, f"{where}: step {k}")
+        out[step] = curve_formats.loss_value(v, f"{where}: step {k}")
     if not out:
         raise GateInputError(f"{where}: the loss curve is empty")
     return out
@@ -216,12 +200,21 @@ def _run_args(obj: Any, where: str) -> tuple[dict[str, Any], Literal["resolved",
 
 
 def load_run(path: str | Path, framework: str = DEFAULT_FRAMEWORK) -> RunInput:
+    """A run for the convergence check (`_load_run`); a bad field of a known curve format is a GateInputError."""
+    try:
+        return _load_run(Path(path), framework)
+    except curve_formats.CurveFormatError as exc:
+        raise GateInputError(str(exc)) from None
+
+
+def _load_run(p: Path, framework: str) -> RunInput:
     """A run for the convergence check: a training log (its loss curve, and its resolved-arguments block when it
     has one), a JSON loss curve ``{"1": 10.41, ...}`` (no arguments), a JSON run
     ``{"loss": {"1": 10.41, ...}, "args": {...}, "env": {...}}`` whose `args` are a recipe's ``--flags`` or
     resolved attribute names (all one or all the other), Megatron-LM's golden values (``{"lm loss": {"values":
-    ...}, ...}``, the loss alone) or a "<step> <loss>" table, one pair per line (torchtitan's loss goldens)."""
-    p = Path(path)
+    ...}, ...}``, the loss alone), a "<step> <loss>" table, one pair per line (torchtitan's loss goldens), or a curve as
+    other tools export it (`gate.curve_formats`: a table with a header row, Trainer's ``trainer_state.json``, JSON
+    records, JSON lines, ``[step, loss]`` pairs, a list of losses)."""
     text = _read_curve_text(p)
     data = _json_curve(p, text)
     if data is None:
@@ -229,6 +222,8 @@ def load_run(path: str | Path, framework: str = DEFAULT_FRAMEWORK) -> RunInput:
             table = _step_loss_table(text)
         except GateInputError as exc:
             raise GateInputError(f"{p}: {exc}") from None
+        if table is None:
+            table = curve_formats.header_table(text, str(p))
         if table is not None:
             return RunInput(curve=table, source="none")
         curve = _log_curve(p, framework)
@@ -240,6 +235,10 @@ def load_run(path: str | Path, framework: str = DEFAULT_FRAMEWORK) -> RunInput:
     golden = _golden_metric(data)
     if golden is not None:
         return RunInput(curve=_golden_curve(golden, f"{p}: {GOLDEN_LOSS_KEY!r}"), source="none")
+    if isinstance(data, list):
+        return RunInput(curve=curve_formats.list_curve(data, str(p)), source="none")
+    if isinstance(data, dict) and "log_history" in data:
+        return RunInput(curve=curve_formats.trainer_state(data, str(p)), source="none")
     if isinstance(data, dict) and "loss" in data and isinstance(data["loss"], dict):
         unknown = set(data) - {"loss", "args", "env", "name", "description", "source"}
         if unknown:
@@ -262,7 +261,7 @@ GOLDEN_LOSS_KEY = "lm loss"
 # after the loss (grad_norm) and a "# step loss grad_norm" header naming them.
 _TABLE_SPLIT = re.compile(r"[ \t,]+")
 _TABLE_MAX_COLUMNS = 16
-_TABLE_MAX_STEP_DIGITS = 12  # a step number longer than this is no training step (and int() refuses 4,300 digits)
+_TABLE_MAX_STEP_DIGITS = curve_formats.MAX_STEP_DIGITS
 
 
 def _golden_metric(data: Any) -> dict[str, Any] | None:
@@ -294,7 +293,7 @@ def _golden_curve(metric: dict[str, Any], where: str) -> dict[int, float | None]
         raise GateInputError(f"{where}: the loss curve is empty")
     start = _golden_int(metric, "start_step", 0, 0, where)
     every = _golden_int(metric, "step_interval", 1, 1, where)
-    return {start + i * every: _curve_value(v, f"{where}: values[{i}]") for i, v in enumerate(values)}
+    return {start + i * every: curve_formats.loss_value(v, f"{where}: values[{i}]") for i, v in enumerate(values)}
 
 
 def _table_number(token: str) -> float | None:
@@ -341,15 +340,21 @@ def _read_curve_text(p: Path) -> str:
 
 
 def _json_curve(p: Path, text: str) -> Any:
-    """The parsed JSON of a curve file, or None when it is a training log."""
-    if not (p.suffix == ".json" or text.lstrip().startswith("{")):
+    """The parsed JSON of a curve file (JSON lines as a list of their objects), or None when it is a training
+    log or a table."""
+    head = text.lstrip()[:1]
+    if not (p.suffix in (".json", ".jsonl", ".ndjson") or head in ("{", "[")):
         return None
     if bounded.json_depth(text) > bounded.MAX_DEPTH:
         raise GateInputError(f"{p}: JSON nested deeper than {bounded.MAX_DEPTH} levels")
     try:
         return json.loads(text)  # accepts NaN and Infinity
     except (json.JSONDecodeError, RecursionError) as exc:
-        raise GateInputError(f"{p} is not valid JSON: {exc}") from None
+        extra = isinstance(exc, json.JSONDecodeError) and exc.msg == "Extra data"  # a first object, then more
+        lines = curve_formats.json_lines(text, str(p)) if head == "{" and extra else None
+        if lines is None:
+            raise GateInputError(f"{p} is not valid JSON: {exc}") from None
+        return lines
 
 
 def _log_curve(p: Path, framework: str) -> dict[int, float | None]:

@@ -164,7 +164,7 @@ def test_converge_returns_both_verdicts(capsys, tmp_path):
 def test_converge_bad_inputs_exit_2(capsys, tmp_path):
     b = tmp_path / "b.json"
     b.write_text(json.dumps(_curve()))
-    for content, words in [("[1, 2]", "expected a JSON object"), ('{"one": 1.0}', "not an integer"),
+    for content, words in [("[true, [1]]", "JSON list must hold"), ('{"one": 1.0}', "not an integer"),
                            ('{"1": true}', "must be a number"), ('{"1": "abc"}', "must be a number"),
                            ("{}", "empty"), ("{not json", "not valid JSON")]:
         p = tmp_path / "c.json"
