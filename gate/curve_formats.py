@@ -1,11 +1,11 @@
-"""Loss curves as other tools write them: tables with a header row, lists of records, JSON lines.
+"""Loss curves as other tools write them: step-loss tables, tables with a header row, lists of records, JSON lines.
 
 `attune gate converge` is given curves exported from wherever a run was logged: a CSV from TensorBoard
 (``Wall time,Step,Value``), Weights & Biases (``Step,<run> - train/loss``) or PyTorch Lightning's
 ``metrics.csv`` (``epoch,step,train_loss,...``, one metric per row), Hugging Face Trainer's
 ``trainer_state.json`` (``log_history``: one record per logging step, evaluation records in between), a JSON
-list of ``{"step": ..., "loss": ...}`` records or its JSON-lines form, a list of ``[step, loss]`` pairs, or a
-bare list of losses. Each reader here turns one of those into ``{step: loss}``.
+list of ``{"step": ..., "loss": ...}`` records or its JSON-lines form, a list of ``[step, loss]`` pairs, a
+bare list of losses, or torchtitan's ``<step> <loss> [more columns]`` goldens. Each reader here turns one of those into ``{step: loss}``.
 
 Which field is the step and which the loss is read from allowlisted names (`STEP_NAMES`, `LOSS_NAMES`, in order
 of preference, compared case-insensitively; a W&B column ``<run> - <metric>`` is named by its metric): one loss
@@ -20,6 +20,7 @@ import csv
 import io
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -32,6 +33,10 @@ STEP_NAMES = ("step", "iteration", "iter", "global_step", "trainer/global_step",
 LOSS_NAMES = ("loss", "lm loss", "lm_loss", "train/loss", "train_loss", "train/lm_loss", "train/lm loss",
               "training_loss", "train_loss_step", "train/loss_step", "value")
 MAX_COLUMNS = 1024
+# torchtitan's loss goldens (tests/assets/losses/*.txt): "<step> <loss>" per line, newer files with more columns
+# after the loss (grad_norm) and a "# step loss grad_norm" header naming them.
+_TABLE_SPLIT = re.compile(r"[ \t,]+")
+_TABLE_MAX_COLUMNS = 16
 MAX_STEP_DIGITS = 12  # a step number longer than this is no training step (and int() refuses 4,300 digits)
 _WANDB_AGGREGATES = ("__min", "__max")
 
@@ -176,6 +181,42 @@ def json_lines(text: str, where: str) -> list[dict[str, Any]] | None:
             return None
         out.append(obj)
     return out or None
+
+
+def _table_number(token: str) -> float | None:
+    try:
+        return float(token)
+    except ValueError:
+        return None
+
+
+def step_loss_table(text: str, where: str) -> dict[int, float | None] | None:
+    """A "<step> <loss> [more columns]" table (blank lines and # comments allowed; a "# step loss ..." header says
+    which column is the loss, else the second), or None when any line is something else (a training log)."""
+    out: dict[int, float | None] = {}
+    col = 1
+    for line in io.StringIO(text):  # line by line: a training log is told apart at its first line
+        body = line.strip()
+        if not body:
+            continue
+        if body.startswith("#"):
+            names = _TABLE_SPLIT.split(body.lstrip("#").strip().lower())
+            if not out and len(names) >= 2 and names[0] == "step" and "loss" in names:
+                col = names.index("loss")
+            continue
+        tokens = _TABLE_SPLIT.split(body)
+        if not (col < len(tokens) <= _TABLE_MAX_COLUMNS and tokens[0].isascii() and tokens[0].isdigit()):
+            return None
+        values = [_table_number(t) for t in tokens[1:]]
+        if any(v is None for v in values):
+            return None
+        if len(tokens[0]) > MAX_STEP_DIGITS:
+            raise CurveFormatError(f"{where}: step {tokens[0][:20]}... has more than {MAX_STEP_DIGITS} digits")
+        step = int(tokens[0])
+        if step in out:
+            raise CurveFormatError(f"{where}: step {step} appears twice in the step-loss table")
+        out[step] = values[col - 1]
+    return out if len(out) >= 2 else None
 
 
 def _header(line: str) -> list[str] | None:

@@ -7,10 +7,8 @@ a clear error.
 
 from __future__ import annotations
 
-import io
 import json
 import math
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -218,10 +216,7 @@ def _load_run(p: Path, framework: str) -> RunInput:
     text = _read_curve_text(p)
     data = _json_curve(p, text)
     if data is None:
-        try:
-            table = _step_loss_table(text)
-        except GateInputError as exc:
-            raise GateInputError(f"{p}: {exc}") from None
+        table = curve_formats.step_loss_table(text, str(p))
         if table is None:
             table = curve_formats.header_table(text, str(p))
         if table is not None:
@@ -257,11 +252,6 @@ def _load_run(p: Path, framework: str) -> RunInput:
 # them from `start_step` every `step_interval` steps (older files). The loss is "lm loss"; the other metrics
 # ("num-zeros", "iteration-time", memory) are not read.
 GOLDEN_LOSS_KEY = "lm loss"
-# torchtitan's loss goldens (tests/assets/losses/*.txt): "<step> <loss>" per line, newer files with more columns
-# after the loss (grad_norm) and a "# step loss grad_norm" header naming them.
-_TABLE_SPLIT = re.compile(r"[ \t,]+")
-_TABLE_MAX_COLUMNS = 16
-_TABLE_MAX_STEP_DIGITS = curve_formats.MAX_STEP_DIGITS
 
 
 def _golden_metric(data: Any) -> dict[str, Any] | None:
@@ -294,42 +284,6 @@ def _golden_curve(metric: dict[str, Any], where: str) -> dict[int, float | None]
     start = _golden_int(metric, "start_step", 0, 0, where)
     every = _golden_int(metric, "step_interval", 1, 1, where)
     return {start + i * every: curve_formats.loss_value(v, f"{where}: values[{i}]") for i, v in enumerate(values)}
-
-
-def _table_number(token: str) -> float | None:
-    try:
-        return float(token)
-    except ValueError:
-        return None
-
-
-def _step_loss_table(text: str) -> dict[int, float | None] | None:
-    """A "<step> <loss> [more columns]" table (blank lines and # comments allowed; a "# step loss ..." header says
-    which column is the loss, else the second), or None when any line is something else (a training log)."""
-    out: dict[int, float | None] = {}
-    col = 1
-    for line in io.StringIO(text):  # line by line: a training log is told apart at its first line
-        body = line.strip()
-        if not body:
-            continue
-        if body.startswith("#"):
-            names = _TABLE_SPLIT.split(body.lstrip("#").strip().lower())
-            if not out and len(names) >= 2 and names[0] == "step" and "loss" in names:
-                col = names.index("loss")
-            continue
-        tokens = _TABLE_SPLIT.split(body)
-        if not (col < len(tokens) <= _TABLE_MAX_COLUMNS and tokens[0].isascii() and tokens[0].isdigit()):
-            return None
-        values = [_table_number(t) for t in tokens[1:]]
-        if any(v is None for v in values):
-            return None
-        if len(tokens[0]) > _TABLE_MAX_STEP_DIGITS:
-            raise GateInputError(f"step {tokens[0][:20]}... has more than {_TABLE_MAX_STEP_DIGITS} digits")
-        step = int(tokens[0])
-        if step in out:
-            raise GateInputError(f"step {step} appears twice in the step-loss table")
-        out[step] = values[col - 1]
-    return out if len(out) >= 2 else None
 
 
 def _read_curve_text(p: Path) -> str:
