@@ -33,6 +33,7 @@ import itertools
 import json
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -256,11 +257,14 @@ def main() -> int:
     scenarios = make_scenarios(ns.seed, ns.scenarios)
     shm = Path("/dev/shm")
     root = tempfile.mkdtemp(prefix="bench-scen-", dir=str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None)
-    if ns.jobs > 1:
-        with cf.ProcessPoolExecutor(max_workers=ns.jobs) as pool:
-            rows = list(pool.map(run_scenario, scenarios, [ns.tuners] * len(scenarios), [root] * len(scenarios)))
-    else:
-        rows = [run_scenario(sc, ns.tuners, root) for sc in scenarios]
+    try:  # the campaign directories live in memory (/dev/shm): hundreds of MB per scenario, removed at the end
+        if ns.jobs > 1:
+            with cf.ProcessPoolExecutor(max_workers=ns.jobs) as pool:
+                rows = list(pool.map(run_scenario, scenarios, [ns.tuners] * len(scenarios), [root] * len(scenarios)))
+        else:
+            rows = [run_scenario(sc, ns.tuners, root) for sc in scenarios]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     return _print(rows, ns)
 
 

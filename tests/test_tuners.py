@@ -608,3 +608,95 @@ def test_heuristic_a_payer_going_back_on_its_win_is_judged_by_the_degrees_sizes(
     assert not tuner._goes_back(PP_, 2, 8)
     tuner.win_dir[PP_] = (16, 2)
     assert tuner._goes_back(PP_, 2, 8) and not tuner._goes_back(PP_, 4, 2)
+
+
+def test_heuristic_retries_with_full_recomputation_a_coupled_move_made_after_a_memory_first_retry() -> None:
+    """Rule 5 holds for every layout that ran out of memory, a coupled move's included. The move behind a
+    memory-first retry (TP1 as it is, after TP1 with full recomputation ran) ran out of memory and is paid for
+    with a deeper pipeline; when that coupled move runs out of memory too, it is measured again with full
+    recomputation (the control plane refuses the stop otherwise: `rule5_oom_not_retried`), not just paid for
+    once more."""
+    space = {TP_: [1, 2, 4], PP_: [1, 2, 4], RG_: ["selective", "full"]}
+    base = {TP_: 4, PP_: 1, RG_: "selective"}
+    tuner = HeuristicTuner(space, base)
+    plain = Candidate(changes={TP_: 1}, lever=TP_, hypothesis="the move behind its memory-first retry",
+                      token={"lever": TP_, "value": 1, "retried": True, "after_retry": True})
+    tuner.tried.add(tuner.key(plain.changes))
+    tuner.tell(plain, Outcome("r1", "oom"))
+    asked: list[dict[str, Any]] = []
+    coupled: dict[str, Any] | None = None
+    for n in range(40):
+        cand = tuner.ask()
+        if cand is None:
+            break
+        full = {k: {**base, **cand.changes}.get(k) for k in space}
+        asked.append(full)
+        if coupled is None and cand.hypothesis.startswith("coupled move") and full[TP_] == 1:
+            coupled = full
+            tuner.tell(cand, Outcome(f"q{n}", "oom"))
+            continue
+        tuner.tell(cand, Outcome(f"q{n}", "ok", 900.0, valid=True, extra={"leader_tps": 1000.0}))
+    assert coupled is not None and coupled[RG_] == "selective", asked
+    after = asked[asked.index(coupled) + 1:]
+    assert {**coupled, RG_: "full"} in after, asked
+
+
+def test_heuristic_measures_a_value_past_one_that_ran_out_of_memory_when_the_estimate_says_it_fits() -> None:
+    """16 GPUs, EP x PP <= 16 (the pipeline follows EP; no other degree moves, so nothing else can pay). From
+    EP2/PP8, EP4 forces PP4 and runs out of memory, and EP1 runs out of memory: two values, both out of memory,
+    say nothing of EP's speed. EP8 (at PP2, the shallower pipeline it forces) lies past the first, and the memory
+    estimate, anchored by the baseline that ran and the EP4 layout that did not, says it fits: it is measured
+    before EP is ruled out, and it is the fastest recipe."""
+    space = {EP_: [1, 2, 4, 8]}
+    base = {EP_: 2, PP_: 8}
+
+    def couple(full: dict[str, Any], lever: str, value: Any) -> dict[str, Any] | None:
+        out = dict(full)
+        if lever == EP_:
+            out[PP_] = min(out[PP_], 16 // value)
+        return out if out[PP_] * out[EP_] <= 16 else None
+
+    def peak(full: dict[str, Any]) -> float:  # the estimate; the layout EP4/PP4 is what it misjudges least
+        return {(2, 8): 10.0, (4, 4): 30.0, (8, 2): 12.0, (1, 8): 50.0, (2, 4): 25.0, (2, 2): 40.0}.get(
+            (full[EP_], full[PP_]), 60.0)
+
+    def objective(full: dict[str, Any]) -> tuple[str, float | None]:
+        if peak(full) >= 25.0:
+            return "oom", None
+        return "ok", 1000.0 * {2: 1.0, 8: 1.6}[full[EP_]]
+
+    cp = SyntheticControlPlane()
+    cp.objective, cp.baseline = objective, dict(base)
+    drive(HeuristicTuner(space, {EP_: 2}, extra_baseline={PP_: 8}, couple=couple, peak=peak), cp)
+    assert {EP_: 4, PP_: 4} in cp.launched and {EP_: 1} in cp.launched, cp.launched
+    assert {EP_: 8, PP_: 2} in cp.launched, cp.launched
+    assert cp.leader == pytest.approx(1600.0)
+
+
+def test_heuristic_pays_for_a_degree_of_one_when_the_step_toward_it_ran_out_of_memory() -> None:
+    """Eight GPUs, experts need EP x PP >= 8 to fit. EP 8 -> 4 and 4 -> 2 run out of memory, and every value
+    between keeps the expert all-to-all (slower than the baseline even where a deeper pipeline pays for it); past
+    them the estimate says EP1 needs more memory still, so it is not launched as it is. At EP1 the all-to-all is
+    gone: the degree at 1 is tried as a coupled move paid for like the step toward it (PP8, the smallest depth
+    the anchored estimate says fits), and it leads."""
+    space = {EP_: [1, 2, 4, 8], PP_: [1, 2, 4, 8]}
+    base = {EP_: 8, PP_: 1}
+
+    def couple(full: dict[str, Any], lever: str, value: Any) -> dict[str, Any] | None:
+        return full if full[PP_] * full[EP_] <= 8 else None  # a deeper pipeline needs a narrower EP first
+
+    def objective(full: dict[str, Any]) -> tuple[str, float | None]:
+        ep, pp = full[EP_], full[PP_]
+        if ep * pp < 8:
+            return "oom", None
+        return "ok", 1000.0 * {8: 1.0, 4: 0.97, 2: 0.96, 1: 1.5}[ep] * {1: 1.0, 2: 0.98, 4: 0.96, 8: 0.94}[pp]
+
+    def peak(full: dict[str, Any]) -> float:  # the estimate: experts' memory over EP x PP shards
+        return 64.0 / full[EP_] / full[PP_]
+
+    cp = SyntheticControlPlane()
+    cp.objective, cp.baseline = objective, dict(base)
+    drive(HeuristicTuner(space, base, couple=couple, peak=peak), cp)
+    assert {EP_: 4} in cp.launched and {EP_: 1} not in cp.launched, cp.launched
+    assert {EP_: 1, PP_: 8} in cp.launched, cp.launched
+    assert cp.leader == pytest.approx(1000.0 * 1.5 * 0.94)

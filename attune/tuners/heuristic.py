@@ -114,6 +114,12 @@ def _recompute_fixup(full: dict[str, ArgValue], baseline: dict[str, ArgValue]) -
 _MISSING = object()
 
 
+def _paid_token(tok: dict[str, Any]) -> dict[str, Any]:
+    """A coupled move's token from the out-of-memory move's: not the move behind a memory-first retry itself (it
+    is a recipe of its own, which rule 5 retries with full recomputation when it runs out of memory)."""
+    return {k: v for k, v in tok.items() if k not in ("after_retry", "plain")}
+
+
 def _space_value(values: list[ArgValue], degree: int) -> Any:
     """The space's own spelling of a degree (1 may be spelled unset), or _MISSING."""
     for v in values:
@@ -199,6 +205,12 @@ class HeuristicTuner(Tuner):
         # (layout, lever) -> (the value that ran out of memory with every memory saving it could take, its
         # estimated peak): values beyond it need more memory still (`_beyond_oom`).
         self.oom_at: dict[tuple[str, str], tuple[ArgValue, float]] = {}
+        # (layout, lever) -> the lever's values that ran out of memory from that layout (`_spare_one_more`)
+        self.oom_values: dict[tuple[str, str], set[str]] = {}
+        # (layout, lever) pairs whose ruling-out already spared one more value, or whose degree 1 was already
+        # paid for (`_pay_for_one`): each at most once per layout
+        self.spared: set[tuple[str, str]] = set()
+        self.one_paid: set[tuple[str, str]] = set()
         # lever -> {value: the layout it lost clearly on}: below the early abort's clear-loss line (a quarter
         # under the leader, many times any band), a lesson kept across layouts (`_lost_clearly`).
         self.clear_losses: dict[str, dict[str, str]] = {}
@@ -584,6 +596,8 @@ class HeuristicTuner(Tuner):
             return
         self._note_measured(candidate, outcome, lever)
         self._note_clear_loss(tok, outcome, lever)
+        if outcome.outcome == RunOutcome.OOM and "value" in tok:
+            self.oom_values.setdefault((self._layout(), lever), set()).add(str(tok["value"]))
         plain_next = tok.get("plain") is not None and self._after_memory_first(tok, outcome)
         if outcome.promoted:
             self._promote(candidate, tok, lever)
@@ -598,6 +612,8 @@ class HeuristicTuner(Tuner):
         # that lever, never against the one being probed now.
         self.failures[lever] = self.failures.get(lever, 0) + 1
         if self.failures[lever] >= 2:
+            if lever == self.current_lever and self._spare_one_more(lever):
+                return  # one more value first; its failure rules the lever out
             self._rule_out(lever, "two values did not beat the leader")
             if lever == self.current_lever:
                 self.queue.clear()
@@ -685,6 +701,34 @@ class HeuristicTuner(Tuner):
             self._pay_for_memory(tok["oom_changes"], tok, lever)
         return False
 
+    def _spare_one_more(self, lever: str) -> bool:
+        """Rule 4 says two values; for a parallel degree, two values can both miss a third that behaves
+        otherwise, and that one value is measured before the degree is ruled out (once per layout): a value
+        past one that ran out of memory which the anchored memory estimate says fits (a wider EP fits where a
+        narrower one did not, even with the shallower pipeline it forces: an out-of-memory run is no speed
+        measurement), or the degree at 1 from a leader above 2 (its collective gone altogether: no expert
+        all-to-all at EP 1, no per-layer tensor collective at TP 1), unless the estimate says it does not fit.
+        True: the queue now holds that value alone."""
+        key = (self._layout(), lever)
+        if key in self.spared or lever not in PLACEMENT_FLAGS:
+            return False
+        cur = self._value(lever)
+        ooms = [x for x in self.space[lever] if str(x) in self.oom_values.get(key, ())]
+        for _, value in self.queue:
+            past_oom = any(self._beyond(lever, value, u, cur) for u in ooms)
+            if not past_oom and not (value == 1 and as_int(cur, 1) > 2):
+                continue
+            full: dict[str, ArgValue] | None = {**self._full(self.leader), lever: value}
+            if self.couple is not None and full is not None:
+                full = self.couple(full, lever, value)
+            fit = None if full is None else self._fit(full)
+            if full is None or fit is False or (past_oom and fit is not True and value != 1):
+                continue
+            self.spared.add(key)
+            self.queue = deque([(lever, value)])
+            return True
+        return False
+
     def _rule_out(self, lever: str, why: str) -> None:
         self.ruled_out[lever] = why
         self.learned[(self._layout(), lever)] = why
@@ -766,7 +810,33 @@ class HeuristicTuner(Tuner):
                 changes=changes, lever=lever,
                 hypothesis=(f"coupled move: {lever}={moved} ran out of memory; pay for it with {flag}={value} "
                             "(more sharding) instead of the memory saving it dropped"),
-                token={**tok, "retried": True, "paid": True},
+                token={**_paid_token(tok), "retried": True, "paid": True},
+            )))
+        return self._pay_for_one(origin, tok, lever) or bool(fresh)
+
+    def _pay_for_one(self, origin: dict[str, ArgValue], tok: dict[str, Any], lever: str) -> bool:
+        """A degree that ran out of memory on its way down toward 1 (EP 8 -> 4) is also tried at 1, paid for
+        like the move (`_payers`; once per layout and degree): at 1 its collective is gone altogether (no
+        expert all-to-all), which the values between do not show, and the memory it costs is what a deeper
+        pipeline pays for. False: nothing to queue."""
+        moved, cur = origin.get(lever), self._value(lever)
+        key = (self._layout(), lever)
+        if (lever not in PLACEMENT_FLAGS or key in self.one_paid or 1 not in self.space[lever]
+                or not 1 < as_int(moved, 1) < as_int(cur, 1)):
+            return False
+        self.one_paid.add(key)
+        full: dict[str, ArgValue] | None = {**origin, lever: 1}
+        if self.couple is not None:
+            full = self.couple(full, lever, 1)
+        if full is None:
+            return False
+        fresh = self._fresh(self._payers(self._coherent(full, origin), lever, 1), 1)
+        for changes, flag, value in fresh:
+            self.deferred.append((key[0], Candidate(
+                changes=changes, lever=lever,
+                hypothesis=(f"coupled move: {lever}={moved} ran out of memory; at 1 its collective is gone "
+                            f"altogether: pay for {lever}=1 with {flag}={value}"),
+                token={**_paid_token(tok), "value": 1, "retried": True, "paid": True},
             )))
         return bool(fresh)
 
