@@ -700,3 +700,85 @@ def test_heuristic_pays_for_a_degree_of_one_when_the_step_toward_it_ran_out_of_m
     assert {EP_: 4} in cp.launched and {EP_: 1} not in cp.launched, cp.launched
     assert {EP_: 1, PP_: 8} in cp.launched, cp.launched
     assert cp.leader == pytest.approx(1000.0 * 1.5 * 0.94)
+
+
+def test_heuristic_answers_a_refused_stop_with_the_runs_it_asks_for() -> None:
+    """The net under the tuner's own rules: a stop the control plane refuses lists what it misses
+    (`RuleRefusal` items), and the heuristic answers with those runs, once each: rule 5's out-of-memory layout
+    retried with full recomputation, rule 6's winning value measured on the final layout."""
+    from attune.control.search_rules import RuleRefusal
+
+    space = {TP_: [1, 2, 4], RG_: ["selective", "full"]}
+    base = {TP_: 4, RG_: "selective"}
+    tuner = HeuristicTuner(space, base)
+    oom = Candidate(changes={TP_: 1}, lever=TP_, hypothesis="TP1", token={"lever": TP_, "value": 1, "retried": True})
+    tuner.tried.add(tuner.key(oom.changes))
+    tuner.tell(oom, Outcome("r7-tensor", "oom"))
+    rule5 = RuleRefusal("rule5_oom_not_retried", "search rule 5",
+                        ["r7-tensor TP1/PP1 (the estimate ranks it faster than the leader; retry it with full recomputation)"])
+    assert tuner.repair([rule5])
+    retry = tuner.ask()
+    assert retry is not None and retry.changes[TP_] == 1 and retry.changes[RG_] == "full", retry
+    assert not tuner.repair([rule5])  # once: that recipe was asked for already
+
+    won = Candidate(changes={TP_: 2}, lever=TP_, hypothesis="TP2", token={"lever": TP_, "value": 2})
+    tuner.tried.add(tuner.key(won.changes))
+    tuner.tell(won, Outcome("r8-tensor", "ok", 1200.0, valid=True, promoted=True))
+    rule6 = RuleRefusal("rule6_winners_not_retested", "search rule 6",
+                        ["--recompute-granularity=full (won in r3 on TP4/PP1)"])
+    assert tuner.repair([rule6])
+    retest = tuner.ask()
+    assert retest is not None and retest.changes[TP_] == 2 and retest.changes[RG_] == "full", retest
+    unknown = RuleRefusal("rule6_winners_not_retested", "search rule 6", ["--not-in-space=1 (won in r3 on TP4/PP1)"])
+    assert not tuner.repair([unknown])
+
+
+class _OneMoreTuner:
+    """A tuner with nothing to try until a refused stop names one recipe (drive's plumbing, without the
+    heuristic's search around it)."""
+
+    def __init__(self) -> None:
+        self.queue: list[Candidate] = []
+        self.repairs = 0
+
+    def ask(self) -> Candidate | None:
+        return self.queue.pop() if self.queue else None
+
+    def tell(self, candidate: Candidate, outcome: Outcome) -> None:
+        pass
+
+    def summary(self) -> dict[str, Any]:
+        return {"tuner": "one-more"}
+
+    def repair(self, refusals: list[Any]) -> bool:
+        self.repairs += 1
+        self.queue.append(Candidate(changes={"--micro-batch-size": 2 ** self.repairs}, lever="--micro-batch-size",
+                                    hypothesis="asked for by the refused stop"))
+        return True
+
+
+@pytest.mark.parametrize("refusals, accepted", [(1, True), (10, False)])
+def test_drive_answers_a_refused_stop_at_most_stop_repairs_times(refusals: int, accepted: bool) -> None:
+    """`drive` hands a refused stop's `refusals` to the tuner's `repair`, runs what it queued and stops again; a
+    refusal that still stands after `STOP_REPAIRS` answers is raised (the campaign fails, saying why)."""
+    from attune.control.campaign import StopRefusedError
+    from attune.control.search_rules import RuleRefusal
+    from attune.tuners.driver import STOP_REPAIRS
+
+    class Refusing(SyntheticControlPlane):
+        stops = 0
+
+        def record_stop(self, evidence: dict[str, Any]) -> None:
+            self.stops += 1
+            if self.stops <= refusals:
+                raise StopRefusedError([RuleRefusal("rule5_oom_not_retried", "search rule 5", ["r1 TP1/PP1"])])
+            super().record_stop(evidence)
+
+    cp, tuner = Refusing(), _OneMoreTuner()
+    if accepted:
+        res = drive(tuner, cp)  # type: ignore[arg-type]
+        assert cp.stop is not None and cp.stops == 2 and res.launches == 1 and len(cp.launched) == 1
+    else:
+        with pytest.raises(StopRefusedError):
+            drive(tuner, cp)  # type: ignore[arg-type]
+        assert cp.stops == STOP_REPAIRS + 1 and len(cp.launched) == STOP_REPAIRS

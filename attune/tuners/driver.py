@@ -40,6 +40,10 @@ class ControlPlane(Protocol):
         """Write the stop record with its evidence."""
 
 
+# How many times a refused stop is answered with the runs it asks for before the refusal stands.
+STOP_REPAIRS = 2
+
+
 @dataclass
 class DriveResult:
     launches: int = 0
@@ -55,6 +59,8 @@ def drive(
     cp: ControlPlane,
     early_abort: bool = False,
     on_outcome: Callable[[Candidate, Outcome], None] | None = None,
+    _repairs: int = 0,
+    _before: DriveResult | None = None,
 ) -> DriveResult:
     res = DriveResult()
     exhausted = False
@@ -111,6 +117,35 @@ def drive(
         "the budget is spent" if budget_out else
         "the tuner found nothing more to try that could beat the leader" if exhausted else "stopped"
     )
-    evidence = {**tuner.summary(), "reason": res.stop_reason, "launches": res.launches, "failed": res.failed}
-    cp.record_stop(evidence)
-    return res
+    total = res if _before is None else _merged(_before, res)
+    if _stopped(tuner, cp, total, repairable=not budget_out and _repairs < STOP_REPAIRS):
+        return total
+    return drive(tuner, cp, early_abort, on_outcome, _repairs=_repairs + 1, _before=total)
+
+
+def _stopped(tuner: Tuner, cp: ControlPlane, total: DriveResult, repairable: bool) -> bool:
+    """Record the stop. False: the control plane refused it and the tuner queued the runs it asked for (the
+    search goes on); a refusal that cannot be answered is raised."""
+    try:
+        cp.record_stop({**tuner.summary(), "reason": total.stop_reason, "launches": total.launches,
+                        "failed": total.failed})
+    except Exception as exc:
+        if not repairable or not _repaired(tuner, exc):
+            raise
+        return False
+    return True
+
+
+def _repaired(tuner: Tuner, exc: Exception) -> bool:
+    """A stop the control plane's search rules refuse lists what it misses (`refusals`); a tuner that can answer
+    with those runs (`repair`) gets them. True: it queued some, the search goes on."""
+    repair = getattr(tuner, "repair", None)
+    refusals = getattr(exc, "refusals", None)
+    return refusals is not None and callable(repair) and bool(repair(refusals))
+
+
+def _merged(first: DriveResult, then: DriveResult) -> DriveResult:
+    """A drive's counts with its continuation's after a refused stop was answered: the stop is the continuation's."""
+    return DriveResult(launches=first.launches + then.launches, failed=first.failed + then.failed,
+                       pruned=first.pruned + then.pruned, refused=first.refused + then.refused,
+                       stop_reason=then.stop_reason, outcomes=first.outcomes + then.outcomes)

@@ -211,6 +211,8 @@ class HeuristicTuner(Tuner):
         # paid for (`_pay_for_one`): each at most once per layout
         self.spared: set[tuple[str, str]] = set()
         self.one_paid: set[tuple[str, str]] = set()
+        # run id -> (lever, changes) of every candidate that ran: what a refused stop names (`repair`)
+        self.run_changes: dict[str, tuple[str, dict[str, ArgValue]]] = {}
         # lever -> {value: the layout it lost clearly on}: below the early abort's clear-loss line (a quarter
         # under the leader, many times any band), a lesson kept across layouts (`_lost_clearly`).
         self.clear_losses: dict[str, dict[str, str]] = {}
@@ -596,6 +598,8 @@ class HeuristicTuner(Tuner):
             return
         self._note_measured(candidate, outcome, lever)
         self._note_clear_loss(tok, outcome, lever)
+        if outcome.run_id:
+            self.run_changes[outcome.run_id] = (lever, dict(candidate.changes))
         if outcome.outcome == RunOutcome.OOM and "value" in tok:
             self.oom_values.setdefault((self._layout(), lever), set()).add(str(tok["value"]))
         plain_next = tok.get("plain") is not None and self._after_memory_first(tok, outcome)
@@ -973,6 +977,57 @@ class HeuristicTuner(Tuner):
             return True
         direction = values.index(won_value) - values.index(prev)
         return (values.index(value) - values.index(won_value)) * direction > 0
+
+    def repair(self, refusals: list[Any]) -> bool:
+        """A stop the control plane refused (its search rules), answered with the runs it asks for, once each:
+        rule 5's retry of an out-of-memory layout with full recomputation (else the first memory saving it
+        lacks), rule 6's re-test of a winning value on the final layout. The tuner's own rules are meant to
+        leave nothing for these; this is the net under them. True: something was queued, the search goes on."""
+        queued = 0
+        for refusal in refusals:
+            code, items = getattr(refusal, "code", ""), list(getattr(refusal, "items", []) or [])
+            for item in items:
+                cand = (self._repair_oom(item) if code == "rule5_oom_not_retried"
+                        else self._repair_retest(item) if code == "rule6_winners_not_retested" else None)
+                if cand is not None:
+                    self.pending_retry.append(cand)
+                    queued += 1
+        return queued > 0
+
+    def _queue_once(self, full: dict[str, ArgValue], before: dict[str, ArgValue], lever: str, why: str,
+                    token: dict[str, Any]) -> Candidate | None:
+        changes = self.diff(self._coherent(full, before))
+        if self.key(changes) in self.tried:
+            return None
+        self.tried.add(self.key(changes))
+        return Candidate(changes=changes, lever=lever, hypothesis=why, token=token)
+
+    def _repair_oom(self, item: str) -> Candidate | None:
+        run_id = item.split(" ", 1)[0]
+        if run_id not in self.run_changes:
+            return None
+        lever, changes = self.run_changes[run_id]
+        full = self._full(changes)
+        savers = {**FULL_RECOMPUTE} if self.memory_retry else next(
+            ({k: v} for k, v in MEMORY_SAVERS.items() if k in self.space and full.get(k) != v), {})
+        if not savers:
+            return None
+        return self._queue_once({**full, **savers}, full, lever,
+                                f"rule 5: {run_id} ran out of memory; measure its layout with its memory savings added back",
+                                {"lever": lever, "retried": True, "repair": True})
+
+    def _repair_retest(self, item: str) -> Candidate | None:
+        name, _, rest = item.partition("=")
+        if name not in self.space:
+            return None
+        text = rest.split(" (won in", 1)[0]
+        value = next((v for v in self.space[name] if str(v) == text), _MISSING)
+        if value is _MISSING:
+            return None
+        full = self._full(self.leader)
+        return self._queue_once({**full, name: value}, full, name,
+                                f"rule 6: re-test {name}={value}, which won on an earlier layout, on the final one",
+                                {"lever": name, "value": value, "repair": True})
 
     def summary(self) -> dict[str, Any]:
         return {
