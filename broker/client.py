@@ -157,6 +157,13 @@ def stop_local_broker(campaign_dir: Path | str, *, timeout_s: float = 15.0) -> i
                 time.sleep(0.05)
             break
         time.sleep(0.05)
+    if _gone(pid):
+        # A broker killed before its shutdown removed its endpoint file (SIGKILL after the grace period, or a
+        # graceful exit the kernel cut short) leaves it behind: it names a process that is gone, so it goes.
+        left = _read_endpoint(d)
+        if left is not None and left.get("pid") == pid:
+            with contextlib.suppress(OSError):
+                (d / BROKER_DIR / ENDPOINT_FILE).unlink()
     return pid
 
 
