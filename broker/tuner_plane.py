@@ -20,7 +20,8 @@ from broker.client import BrokerClient
 
 def _rule_refusals(payload: dict[str, Any]) -> list[RuleRefusal]:
     """The search rules' refusals in a 409 stop answer, as the control plane's own type."""
-    return [RuleRefusal(str(r.get("code")), str(r.get("message") or ""), [str(x) for x in r.get("items") or []])
+    return [RuleRefusal(str(r.get("code")), str(r.get("message") or ""), [str(x) for x in r.get("items") or []],
+                        [{str(k): str(v) for k, v in t.items()} for t in r.get("targets") or [] if isinstance(t, dict)])
             for r in payload.get("refusals") or [] if isinstance(r, dict)]
 
 

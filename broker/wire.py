@@ -213,6 +213,9 @@ class StopBlocker(_Answer):
     code: str
     message: str
     items: list[str] = Field(default_factory=list)
+    targets: list[dict[str, str]] = Field(default_factory=list, description=(
+        "what the rule names, to act on: {run_id} of rule 5's out-of-memory runs, {name, value} of rule 6's "
+        "winning values"))
 
 
 class Shipping(_Answer):

@@ -230,17 +230,9 @@ def _header(line: str) -> list[str] | None:
     fields = [f.strip() for f in fields]
     if not fields or len(fields) > MAX_COLUMNS or any(not f for f in fields):
         return None
-    if any(_is_number(f) for f in fields):
+    if any(_table_number(f) is not None for f in fields):
         return None
     return fields
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _rows(lines: Iterable[str], delimiter: str | None) -> Iterable[list[str]]:

@@ -138,10 +138,15 @@ def test_bad_fields_exit_2_naming_them(tmp_path: Path, name: str, text: str, wor
     assert code == 2 and words in err and out["error"] == "usage" and words in out["reason"], err
 
 
-def test_a_training_log_is_not_taken_for_a_table() -> None:
-    # a Megatron log's first line is words and numbers: still read as a log, with its arguments
-    logs = Path(__file__).resolve().parent / "data" / "real_logs"
-    log = next(p for p in sorted(logs.rglob("*")) if p.is_file() and p.suffix in (".log", ".txt")
-               and "iteration" in p.read_text(errors="replace"))
-    run = load_run(log)
-    assert run.curve and run.source in ("log", "none")
+def test_training_logs_are_not_taken_for_tables() -> None:
+    """Real training logs whose lines mix words and numbers stay logs: read with their arguments block, never as a
+    header table or a step-loss table (which would drop the arguments, and layer 1 with them)."""
+    from gate.curve_formats import header_table, step_loss_table
+
+    logs = sorted((Path(__file__).resolve().parent / "data" / "real_logs").glob("*.log"))
+    assert len(logs) >= 5
+    for log in logs:
+        text = log.read_text(errors="replace")
+        assert header_table(text, str(log)) is None and step_loss_table(text, str(log)) is None, log.name
+    run = load_run(Path(__file__).resolve().parent / "data" / "real_logs" / "megatron_lm_mi300_tp4_pp2_args.log")
+    assert run.source == "log" and run.args and len(run.curve) == 17

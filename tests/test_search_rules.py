@@ -78,10 +78,14 @@ def glm(tmp_path: Path):  # type: ignore[no-untyped-def]
     return make
 
 
-def _codes(d: Path, levers: list[str]) -> dict[str, list[str]]:
+def _refusals(d: Path, levers: list[str]) -> list[Any]:
     with pytest.raises(StopRefusedError) as exc:
         record_stop(d, levers, "the leader is bound by host launches")
-    return {r.code: r.items for r in exc.value.refusals}
+    return list(exc.value.refusals)
+
+
+def _codes(d: Path, levers: list[str]) -> dict[str, list[str]]:
+    return {r.code: r.items for r in _refusals(d, levers)}
 
 
 def _probe_layout(book: Book) -> None:
@@ -149,6 +153,7 @@ def test_rule5_an_oom_layout_ranked_faster_is_retried_with_memory_savings(glm) -
     codes = _codes(d, [TP, PP, CP])
     assert list(codes) == ["rule5_oom_not_retried"] and len(codes["rule5_oom_not_retried"]) == 1
     assert codes["rule5_oom_not_retried"][0].startswith(f"{oom} TP1/PP16/CP1/EP8")
+    assert [r.targets for r in _refusals(d, [TP, PP, CP])] == [[{"run_id": oom}]]  # what a tuner acts on
     book.run({**tp1, **FULL}, tps=1070.0, verdict="leader", lever="tp1")  # the paper's winner
     # a layout that ran out of memory with full recomputation already, and no offload the leader uses:
     # nothing is left to add back
@@ -165,6 +170,7 @@ def test_rule6_flags_that_won_on_an_earlier_layout_are_retested_on_the_final_one
     codes = _codes(d, [TP, PP, CP])
     assert codes == {"rule6_winners_not_retested": [
         f"{DISPATCHER}=flex (won in {flex} on TP2/PP8/CP1/EP16/ETP1/VP1/MBS1)"]}
+    assert [r.targets for r in _refusals(d, [TP, PP, CP])] == [[{"name": DISPATCHER, "value": "flex"}]]
     book.run({PP: 16, EP: 8, **SPLIT, TP: 1, **FULL, DISPATCHER: "flex"}, tps=990.0, verdict="within_band")
     assert record_stop(d, [TP, PP, CP, DISPATCHER], "converged").type == "stop_recorded"
 
@@ -292,3 +298,16 @@ def test_rule5_a_retry_that_is_the_calibrated_baseline_counts_as_retried(tmp_pat
     assert codes["rule5_oom_not_retried"][0].startswith(f"{other} TP1/PP16")
     book.run({TP: 1, PP: 16, EP: 8, **SPLIT}, tps=650.0, lever="tp1")  # its retry, measured: slower
     assert record_stop(d, [TP, PP, CP], "converged").type == "stop_recorded"
+
+
+def test_a_refusals_targets_cross_the_broker_wire() -> None:
+    """The 409 answer to a refused stop carries each rule's targets (what `HeuristicTuner.repair` acts on) and the
+    broker's tuner plane reads them back as the control plane's own type."""
+    from broker import wire
+    from broker.tuner_plane import _rule_refusals
+
+    sent = [search_rules.RuleRefusal("rule5_oom_not_retried", "search rule 5", ["r9 TP1/PP16 (...)"], [{"run_id": "r9"}]),
+            search_rules.RuleRefusal("rule6_winners_not_retested", "search rule 6", ["--x=1 (...)"],
+                                     [{"name": "--x", "value": "1"}])]
+    answer = wire.StopRefused(reason="refused", refusals=[wire.StopBlocker(**r.as_dict()) for r in sent])
+    assert _rule_refusals(json.loads(answer.model_dump_json())) == sent

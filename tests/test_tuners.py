@@ -714,8 +714,8 @@ def test_heuristic_answers_a_refused_stop_with_the_runs_it_asks_for() -> None:
     oom = Candidate(changes={TP_: 1}, lever=TP_, hypothesis="TP1", token={"lever": TP_, "value": 1, "retried": True})
     tuner.tried.add(tuner.key(oom.changes))
     tuner.tell(oom, Outcome("r7-tensor", "oom"))
-    rule5 = RuleRefusal("rule5_oom_not_retried", "search rule 5",
-                        ["r7-tensor TP1/PP1 (the estimate ranks it faster than the leader; retry it with full recomputation)"])
+    rule5 = RuleRefusal("rule5_oom_not_retried", "search rule 5", ["r7-tensor TP1/PP1 (...)"],
+                        [{"run_id": "r7-tensor"}])
     assert tuner.repair([rule5])
     retry = tuner.ask()
     assert retry is not None and retry.changes[TP_] == 1 and retry.changes[RG_] == "full", retry
@@ -724,12 +724,13 @@ def test_heuristic_answers_a_refused_stop_with_the_runs_it_asks_for() -> None:
     won = Candidate(changes={TP_: 2}, lever=TP_, hypothesis="TP2", token={"lever": TP_, "value": 2})
     tuner.tried.add(tuner.key(won.changes))
     tuner.tell(won, Outcome("r8-tensor", "ok", 1200.0, valid=True, promoted=True))
-    rule6 = RuleRefusal("rule6_winners_not_retested", "search rule 6",
-                        ["--recompute-granularity=full (won in r3 on TP4/PP1)"])
+    rule6 = RuleRefusal("rule6_winners_not_retested", "search rule 6", ["--recompute-granularity=full (...)"],
+                        [{"name": RG_, "value": "full"}])
     assert tuner.repair([rule6])
     retest = tuner.ask()
     assert retest is not None and retest.changes[TP_] == 2 and retest.changes[RG_] == "full", retest
-    unknown = RuleRefusal("rule6_winners_not_retested", "search rule 6", ["--not-in-space=1 (won in r3 on TP4/PP1)"])
+    unknown = RuleRefusal("rule6_winners_not_retested", "search rule 6", ["--not-in-space=1 (...)"],
+                          [{"name": "--not-in-space", "value": "1"}])
     assert not tuner.repair([unknown])
 
 

@@ -58,6 +58,9 @@ class RuleRefusal:
     code: str
     message: str
     items: list[str] = field(default_factory=list)
+    # What a tuner can act on, item by item where a rule names runs or values: {"run_id"} for rule 5's
+    # out-of-memory runs, {"name", "value"} for rule 6's winning values (`HeuristicTuner.repair`).
+    targets: list[dict[str, str]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -472,6 +475,7 @@ def _rule5_oom_not_retried(c: _StopContext) -> RuleRefusal | None:
     leader_s = _estimate_step_s(c.spec, c.leader_args, c.leader_env)
     leader_save = memory_savings(c.leader_args)
     open5: list[str] = []
+    runs5: list[dict[str, str]] = []
     for r in c.runs:
         if r.outcome != RunOutcome.OOM:
             continue
@@ -487,11 +491,12 @@ def _rule5_oom_not_retried(c: _StopContext) -> RuleRefusal | None:
             why = "the estimate ranks it faster than the leader" if est is not None and leader_s is not None \
                 else "no estimate says it is slower"
             open5.append(f"{r.run_id} {_layout_text(key)} ({why}; retry it with full recomputation or offload)")
+            runs5.append({"run_id": r.run_id})
     if not open5:
         return None
     return RuleRefusal("rule5_oom_not_retried", (
         "search rule 5: a layout that ran out of memory is ruled out only after a retry with the memory "
-        "savings added back"), open5)
+        "savings added back"), open5, runs5)
 
 
 def _rule6_winners_not_retested(c: _StopContext) -> RuleRefusal | None:
@@ -501,6 +506,7 @@ def _rule6_winners_not_retested(c: _StopContext) -> RuleRefusal | None:
     layout_flags = set(LAYOUT_FLAGS.values()) | {
         "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--sequence-parallel"}
     open6: list[str] = []
+    values6: dict[tuple[str, str], None] = {}
     winners = [r for r in runs if r.verdict == Verdict.LEADER and r.run_id != state.leader_run_id]
     for w in winners:
         wa, we = full[w.run_id]
@@ -517,11 +523,12 @@ def _rule6_winners_not_retested(c: _StopContext) -> RuleRefusal | None:
                          for o in runs)
             if not tested:
                 open6.append(f"{name}={value} (won in {w.run_id} on {_layout_text(layout_key(wa, gpus))})")
+                values6[(name, str(value))] = None
     if not open6:
         return None
     return RuleRefusal("rule6_winners_not_retested", (
         f"search rule 6: flags that won on earlier layouts must be re-tested on the final layout "
-        f"({_layout_text(final_key)})"), sorted(set(open6)))
+        f"({_layout_text(final_key)})"), sorted(set(open6)), [{"name": n, "value": v} for n, v in values6])
 
 
 # The stop rules after calibration, in the order their refusals are listed.

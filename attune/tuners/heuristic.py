@@ -980,15 +980,17 @@ class HeuristicTuner(Tuner):
 
     def repair(self, refusals: list[Any]) -> bool:
         """A stop the control plane refused (its search rules), answered with the runs it asks for, once each:
-        rule 5's retry of an out-of-memory layout with full recomputation (else the first memory saving it
-        lacks), rule 6's re-test of a winning value on the final layout. The tuner's own rules are meant to
-        leave nothing for these; this is the net under them. True: something was queued, the search goes on."""
+        rule 5's out-of-memory run (a `run_id` target) measured again with full recomputation (else the first
+        memory saving it lacks), rule 6's winning value (a `name`/`value` target) measured on the final layout.
+        The tuner's own rules are meant to leave nothing for these; this is the net under them. True: something
+        was queued, the search goes on."""
         queued = 0
         for refusal in refusals:
-            code, items = getattr(refusal, "code", ""), list(getattr(refusal, "items", []) or [])
-            for item in items:
-                cand = (self._repair_oom(item) if code == "rule5_oom_not_retried"
-                        else self._repair_retest(item) if code == "rule6_winners_not_retested" else None)
+            code = getattr(refusal, "code", "")
+            for target in getattr(refusal, "targets", None) or []:
+                cand = (self._repair_oom(str(target.get("run_id"))) if code == "rule5_oom_not_retried"
+                        else self._repair_retest(str(target.get("name")), str(target.get("value")))
+                        if code == "rule6_winners_not_retested" else None)
                 if cand is not None:
                     self.pending_retry.append(cand)
                     queued += 1
@@ -1002,8 +1004,7 @@ class HeuristicTuner(Tuner):
         self.tried.add(self.key(changes))
         return Candidate(changes=changes, lever=lever, hypothesis=why, token=token)
 
-    def _repair_oom(self, item: str) -> Candidate | None:
-        run_id = item.split(" ", 1)[0]
+    def _repair_oom(self, run_id: str) -> Candidate | None:
         if run_id not in self.run_changes:
             return None
         lever, changes = self.run_changes[run_id]
@@ -1016,12 +1017,8 @@ class HeuristicTuner(Tuner):
                                 f"rule 5: {run_id} ran out of memory; measure its layout with its memory savings added back",
                                 {"lever": lever, "retried": True, "repair": True})
 
-    def _repair_retest(self, item: str) -> Candidate | None:
-        name, _, rest = item.partition("=")
-        if name not in self.space:
-            return None
-        text = rest.split(" (won in", 1)[0]
-        value = next((v for v in self.space[name] if str(v) == text), _MISSING)
+    def _repair_retest(self, name: str, text: str) -> Candidate | None:
+        value = next((v for v in self.space.get(name, ()) if str(v) == text), _MISSING)
         if value is _MISSING:
             return None
         full = self._full(self.leader)
